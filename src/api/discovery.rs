@@ -1,0 +1,207 @@
+//! Discovery documents: legacy (`/api`, `/apis`, per group-version) and aggregated (`apidiscovery.k8s.io/v2`).
+
+use serde_json::{Value, json};
+
+use crate::registry::{Resource, ResourceInfo};
+
+/// The Content-Type of an aggregated discovery answer.
+pub const AGGREGATED_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+const AGGREGATED_V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+
+const VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+/// Which aggregated discovery version the `Accept` header asks for, if any.
+pub fn wants_aggregated(accept: &str) -> Option<&'static str> {
+    for entry in accept.split(',') {
+        let e: String = entry.chars().filter(|c| !c.is_whitespace()).collect();
+        if e.contains("as=APIGroupDiscoveryList") && e.contains("g=apidiscovery.k8s.io") {
+            if e.contains("v=v2beta1") {
+                return Some(AGGREGATED_V2BETA1);
+            }
+            if e.contains("v=v2") {
+                return Some(AGGREGATED_V2);
+            }
+        }
+    }
+    None
+}
+
+fn subresource_verbs(sub: &str) -> &'static [&'static str] {
+    match sub {
+        "binding" => &["create"],
+        "finalize" => &["update"],
+        _ => &["get", "patch", "update"],
+    }
+}
+
+fn subresource_kind(info: &ResourceInfo, sub: &str) -> (&'static str, &'static str, &'static str) {
+    match sub {
+        "binding" => ("", "v1", "Binding"),
+        _ => (info.group, info.version, info.kind),
+    }
+}
+
+/// Groups in discovery order: the core group first, then named groups in the order served.
+fn groups(resources: &[Resource]) -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for r in resources {
+        let i = r.info();
+        if !i.group.is_empty() && !out.contains(&(i.group, i.version)) {
+            out.push((i.group, i.version));
+        }
+    }
+    out
+}
+
+/// `/api`: the legacy core versions.
+pub fn api_versions(server_address: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    })
+}
+
+/// `/apis`: the named groups.
+pub fn api_group_list(resources: &[Resource]) -> Value {
+    let groups: Vec<Value> = groups(resources)
+        .into_iter()
+        .map(|(g, v)| {
+            let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
+            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `/apis/{group}`: one group.
+pub fn api_group(resources: &[Resource], group: &str) -> Option<Value> {
+    let (g, v) = groups(resources).into_iter().find(|(g, _)| *g == group)?;
+    let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
+    Some(json!({"kind": "APIGroup", "apiVersion": "v1", "name": g, "versions": [gv.clone()], "preferredVersion": gv}))
+}
+
+/// `/api/v1` or `/apis/{group}/{version}`: the resources of one group-version.
+pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Option<Value> {
+    let mut list = Vec::new();
+    for r in resources.iter().map(|r| r.info()).filter(|i| i.group == group && i.version == version) {
+        let mut entry = json!({
+            "name": r.plural,
+            "singularName": r.singular,
+            "namespaced": r.namespaced,
+            "kind": r.kind,
+            "verbs": VERBS,
+        });
+        if !r.short_names.is_empty() {
+            entry["shortNames"] = json!(r.short_names);
+        }
+        if !r.categories.is_empty() {
+            entry["categories"] = json!(r.categories);
+        }
+        list.push(entry);
+        for sub in r.subresources {
+            let (g, v, kind) = subresource_kind(r, sub);
+            let mut e = json!({
+                "name": format!("{}/{sub}", r.plural),
+                "singularName": "",
+                "namespaced": r.namespaced,
+                "kind": kind,
+                "verbs": subresource_verbs(sub),
+            });
+            if g != group || v != version {
+                e["group"] = json!(g);
+                e["version"] = json!(v);
+            }
+            list.push(e);
+        }
+    }
+    if list.is_empty() {
+        return None;
+    }
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
+}
+
+fn discovery_resource(r: &ResourceInfo) -> Value {
+    let mut e = json!({
+        "resource": r.plural,
+        "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
+        "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+        "singularResource": r.singular,
+        "verbs": VERBS,
+    });
+    if !r.short_names.is_empty() {
+        e["shortNames"] = json!(r.short_names);
+    }
+    if !r.categories.is_empty() {
+        e["categories"] = json!(r.categories);
+    }
+    if !r.subresources.is_empty() {
+        let subs: Vec<Value> = r
+            .subresources
+            .iter()
+            .map(|sub| {
+                let (g, v, kind) = subresource_kind(r, sub);
+                json!({"subresource": sub, "responseKind": {"group": g, "version": v, "kind": kind}, "verbs": subresource_verbs(sub)})
+            })
+            .collect();
+        e["subresources"] = Value::Array(subs);
+    }
+    e
+}
+
+/// Aggregated discovery for `/api` (`core == true`) or `/apis`.
+pub fn aggregated(resources: &[Resource], core: bool, api_version: &str) -> Value {
+    let group_ids: Vec<(&str, &str)> = if core { vec![("", "v1")] } else { groups(resources) };
+    let items: Vec<Value> = group_ids
+        .into_iter()
+        .map(|(g, v)| {
+            let res: Vec<Value> = resources
+                .iter()
+                .map(|r| r.info())
+                .filter(|i| i.group == g && i.version == v)
+                .map(discovery_resource)
+                .collect();
+            let mut meta = json!({"creationTimestamp": null});
+            if !g.is_empty() {
+                meta["name"] = json!(g);
+            }
+            json!({"metadata": meta, "versions": [{"version": v, "resources": res, "freshness": "Current"}]})
+        })
+        .collect();
+    let version = if api_version.contains("v2beta1") { "apidiscovery.k8s.io/v2beta1" } else { "apidiscovery.k8s.io/v2" };
+    json!({"kind": "APIGroupDiscoveryList", "apiVersion": version, "metadata": {}, "items": items})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::kinds;
+
+    #[test]
+    fn core_resources_are_listed_with_subresources() {
+        let all = kinds::all();
+        let list = resource_list(&all, "", "v1").unwrap();
+        let names: Vec<&str> = list["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
+        for n in ["pods", "pods/status", "pods/binding", "nodes", "nodes/status", "namespaces/finalize", "events"] {
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+        let binding = list["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods/binding").unwrap();
+        assert_eq!(binding["kind"], "Binding");
+        assert_eq!(binding["verbs"], json!(["create"]));
+    }
+
+    #[test]
+    fn groups_and_aggregated() {
+        let all = kinds::all();
+        let groups = api_group_list(&all);
+        let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
+        assert_eq!(names, vec!["coordination.k8s.io", "events.k8s.io"]);
+        let agg = aggregated(&all, true, AGGREGATED_V2);
+        let pods = agg["items"][0]["versions"][0]["resources"].as_array().unwrap().iter().find(|r| r["resource"] == "pods").unwrap();
+        assert_eq!(pods["scope"], "Namespaced");
+        assert_eq!(pods["shortNames"], json!(["po"]));
+        assert_eq!(wants_aggregated("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"), Some(AGGREGATED_V2));
+        assert_eq!(wants_aggregated("application/json"), None);
+    }
+}

@@ -1,0 +1,523 @@
+//! The resource endpoints: path resolution, query parameters, and one function per verb.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::Response;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
+
+use super::AppState;
+use super::codec::{self, Format};
+use crate::registry::patch::PatchType;
+use crate::registry::selector::{FieldSelector, LabelSelector};
+use crate::registry::{
+    DeleteOptions, Deleted, FieldValidation, ListOptions, Resource, StatusError, Watch, WatchItem, WatchOptions,
+    WriteOptions,
+};
+
+type Result<T, E = StatusError> = std::result::Result<T, E>;
+
+/// Query parameters kube-apiserver understands on resource paths; anything else is rejected.
+const KNOWN_PARAMS: &[&str] = &[
+    "pretty",
+    "labelSelector",
+    "fieldSelector",
+    "watch",
+    "allowWatchBookmarks",
+    "resourceVersion",
+    "resourceVersionMatch",
+    "timeoutSeconds",
+    "limit",
+    "continue",
+    "sendInitialEvents",
+    "dryRun",
+    "fieldManager",
+    "fieldValidation",
+    "force",
+    "gracePeriodSeconds",
+    "orphanDependents",
+    "propagationPolicy",
+    "ignoreStoreReadErrorWithClusterBreakingPotential",
+    "includeObject",
+    "timeout",
+];
+
+/// Longest a watch runs before the server ends it (clients re-establish), as upstream's
+/// `--min-request-timeout` default.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+
+/// A resolved resource path.
+struct Target {
+    resource: Resource,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+    /// Legacy `/watch/` path prefix.
+    watch: bool,
+}
+
+/// Parsed query string.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(uri: &Uri) -> Result<Self> {
+        let pairs: Vec<(String, String)> =
+            form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()).into_owned().collect();
+        if let Some((k, _)) = pairs.iter().find(|(k, _)| !KNOWN_PARAMS.contains(&k.as_str())) {
+            return Err(StatusError::bad_request(format!("unknown query parameter {k:?}")));
+        }
+        Ok(Self(pairs))
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some("true" | "1"))
+    }
+
+    fn int<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>> {
+        match self.get(key).filter(|s| !s.is_empty()) {
+            None => Ok(None),
+            Some(s) => s
+                .parse()
+                .map(Some)
+                .map_err(|_| StatusError::bad_request(format!("invalid value for {key}: {s:?} is not a number"))),
+        }
+    }
+
+    fn dry_run(&self) -> Result<bool> {
+        match self.0.iter().filter(|(k, _)| k == "dryRun").map(|(_, v)| v.as_str()).collect::<Vec<_>>().as_slice() {
+            [] => Ok(false),
+            values if values.iter().all(|v| *v == "All") => Ok(true),
+            values => Err(StatusError::bad_request(format!(
+                "invalid dryRun value {:?}: the only supported value is \"All\"",
+                values.join(",")
+            ))),
+        }
+    }
+
+    fn write_options(&self) -> Result<WriteOptions> {
+        let field_validation = match self.get("fieldValidation") {
+            None | Some("") => FieldValidation::Warn,
+            Some("Ignore") => FieldValidation::Ignore,
+            Some("Warn") => FieldValidation::Warn,
+            Some("Strict") => FieldValidation::Strict,
+            Some(other) => {
+                return Err(StatusError::bad_request(format!(
+                    "invalid fieldValidation directive {other:?}: use Ignore, Warn or Strict"
+                )));
+            }
+        };
+        Ok(WriteOptions { dry_run: self.dry_run()?, field_validation })
+    }
+
+    fn selectors(&self) -> Result<(LabelSelector, FieldSelector)> {
+        let labels = LabelSelector::parse(self.get("labelSelector").unwrap_or_default())
+            .map_err(|e| StatusError::bad_request(format!("unable to parse labelSelector: {e}")))?;
+        let fields = FieldSelector::parse(self.get("fieldSelector").unwrap_or_default())
+            .map_err(|e| StatusError::bad_request(format!("unable to parse fieldSelector: {e}")))?;
+        Ok((labels, fields))
+    }
+}
+
+/// Resolves `/api/v1/...` and `/apis/{group}/{version}/...` to a resource.
+fn resolve(state: &AppState, path: &str) -> Result<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Err(StatusError::no_route()),
+    };
+    let (watch, rest) = match rest {
+        ["watch", rest @ ..] => (true, rest),
+        _ => (false, rest),
+    };
+    let find = |plural: &str| state.registry.find(group, version, plural).ok_or_else(StatusError::no_route);
+    let ns_has_sub = |s: &str| matches!(s, "status" | "finalize");
+    let (resource, namespace, name, sub) = match rest {
+        [res] => (find(res)?, None, None, None),
+        ["namespaces", ns, sub] if group.is_empty() && ns_has_sub(sub) => {
+            (find("namespaces")?, None, Some(*ns), Some(*sub))
+        }
+        ["namespaces", ns, res] => (find(res)?, Some(*ns), None, None),
+        ["namespaces", ns, res, name] => (find(res)?, Some(*ns), Some(*name), None),
+        ["namespaces", ns, res, name, sub] => (find(res)?, Some(*ns), Some(*name), Some(*sub)),
+        [res, name] => (find(res)?, None, Some(*name), None),
+        [res, name, sub] => (find(res)?, None, Some(*name), Some(*sub)),
+        _ => return Err(StatusError::no_route()),
+    };
+    let info = resource.info();
+    if namespace.is_some() && !info.namespaced {
+        return Err(StatusError::no_route());
+    }
+    if name.is_some() && info.namespaced && namespace.is_none() {
+        return Err(StatusError::no_route());
+    }
+    if let Some(s) = sub
+        && !info.subresources.contains(&s)
+    {
+        return Err(StatusError::no_route());
+    }
+    Ok(Target {
+        resource,
+        namespace: namespace.map(str::to_string),
+        name: name.map(str::to_string),
+        sub: sub.map(str::to_string),
+        watch,
+    })
+}
+
+/// Entry point for every resource path.
+pub async fn dispatch(State(state): State<Arc<AppState>>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+    match serve(&state, method, uri, headers, body).await {
+        Ok(resp) => resp,
+        Err(e) => codec::error(&e),
+    }
+}
+
+async fn serve(state: &AppState, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Result<Response> {
+    let target = resolve(state, uri.path())?;
+    let query = Query::parse(&uri)?;
+    let body = axum::body::to_bytes(body, codec::MAX_BODY_BYTES)
+        .await
+        .map_err(|_| StatusError::too_large(codec::MAX_BODY_BYTES))?;
+    let t = &target;
+    match (&method, t.name.as_deref(), t.sub.as_deref()) {
+        (&Method::GET, None, None) if t.watch || query.flag("watch") => watch(state, t, &query, &headers),
+        (&Method::GET, None, None) => list(state, t, &query, &headers),
+        (&Method::GET, Some(name), None | Some("status")) => {
+            let format = codec::negotiate(&headers, query.get("includeObject"))?;
+            let obj = state.registry.get(&t.resource, t.namespace.as_deref(), name)?;
+            Ok(codec::object(&t.resource, StatusCode::OK, format, obj, &[]))
+        }
+        (&Method::POST, None, None) => create(state, t, &query, &headers, &body).await,
+        (&Method::POST, Some(name), Some("binding")) => bind(state, t, name, &headers, &body).await,
+        (&Method::PUT, Some(name), None | Some("status") | Some("finalize")) => {
+            let format = codec::negotiate(&headers, None)?;
+            let obj = codec::parse_body(&headers, &body)?;
+            let opts = query.write_options()?;
+            let w = state
+                .registry
+                .update(&t.resource, t.namespace.as_deref(), name, obj, t.sub.as_deref(), &opts)
+                .await?;
+            Ok(codec::object(&t.resource, StatusCode::OK, format, w.object, &w.warnings))
+        }
+        (&Method::PATCH, Some(name), None | Some("status")) => patch(state, t, name, &query, &headers, &body).await,
+        (&Method::DELETE, Some(name), None) => delete(state, t, name, &query, &headers, &body).await,
+        (&Method::DELETE, None, None) => delete_collection(state, t, &query, &headers, &body).await,
+        _ => Err(StatusError::method_not_allowed()),
+    }
+}
+
+async fn create(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
+    let format = codec::negotiate(headers, None)?;
+    let obj = codec::parse_body(headers, body)?;
+    let opts = q.write_options()?;
+    let w = state.registry.create(&t.resource, t.namespace.as_deref(), obj, &opts).await?;
+    Ok(codec::object(&t.resource, StatusCode::CREATED, format, w.object, &w.warnings))
+}
+
+async fn bind(state: &AppState, t: &Target, name: &str, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
+    let binding = codec::parse_body(headers, body)?;
+    if let Some(kind) = binding.get("kind").and_then(Value::as_str)
+        && kind != "Binding"
+    {
+        return Err(StatusError::bad_request(format!("the kind in the data ({kind}) does not match the expected kind (Binding)")));
+    }
+    let ns = t.namespace.as_deref().unwrap_or("default");
+    state.registry.bind(ns, name, &binding).await?;
+    Ok(codec::success(StatusCode::CREATED, None))
+}
+
+async fn patch(state: &AppState, t: &Target, name: &str, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
+    let format = codec::negotiate(headers, None)?;
+    let opts = q.write_options()?;
+    let ct = codec::content_type(headers);
+    let ns = t.namespace.as_deref();
+    let r = &t.resource;
+    if body.len() > codec::MAX_BODY_BYTES {
+        return Err(StatusError::too_large(codec::MAX_BODY_BYTES));
+    }
+    let w = if ct == "application/apply-patch+yaml" {
+        // Server-side apply, approximated: create if absent, otherwise merge the applied
+        // configuration with strategic-merge semantics. Field ownership is not tracked.
+        let applied = codec::parse_yaml(body)?;
+        match state.registry.get(r, ns, name) {
+            Err(e) if e.code == 404 => {
+                let mut w = state.registry.create(r, ns, applied, &opts).await?;
+                w.created = true;
+                w
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {
+                let json = serde_json::to_vec(&applied).map_err(StatusError::internal)?;
+                state.registry.patch(r, ns, name, &json, PatchType::StrategicMerge, t.sub.as_deref(), &opts).await?
+            }
+        }
+    } else {
+        let pt = PatchType::from_content_type(&ct).ok_or_else(|| {
+            StatusError::unsupported_media_type(
+                &ct,
+                &[
+                    "application/json-patch+json",
+                    "application/merge-patch+json",
+                    "application/apply-patch+yaml",
+                    "application/strategic-merge-patch+json",
+                ],
+            )
+        })?;
+        state.registry.patch(r, ns, name, body, pt, t.sub.as_deref(), &opts).await?
+    };
+    let code = if w.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(codec::object(r, code, format, w.object, &w.warnings))
+}
+
+/// Reads `DeleteOptions` from the body (if any) and the query.
+fn delete_options(q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<DeleteOptions> {
+    let mut opts = DeleteOptions { dry_run: q.dry_run()?, ..Default::default() };
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let v = codec::parse_body(headers, body)?;
+        if let Some(kind) = v.get("kind").and_then(Value::as_str)
+            && kind != "DeleteOptions"
+        {
+            return Err(StatusError::bad_request(format!(
+                "the request body must be DeleteOptions, not {kind}"
+            )));
+        }
+        opts.grace_period_seconds = v.get("gracePeriodSeconds").and_then(Value::as_i64);
+        opts.propagation = v.get("propagationPolicy").and_then(Value::as_str).map(str::to_string);
+        if opts.propagation.is_none() {
+            opts.propagation = orphan_policy(v.get("orphanDependents").and_then(Value::as_bool));
+        }
+        opts.uid = v["preconditions"].get("uid").and_then(Value::as_str).map(str::to_string);
+        opts.resource_version = v["preconditions"].get("resourceVersion").and_then(Value::as_str).map(str::to_string);
+        if v.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All")) {
+            opts.dry_run = true;
+        }
+    }
+    if let Some(g) = q.int::<i64>("gracePeriodSeconds")? {
+        opts.grace_period_seconds = Some(g);
+    }
+    if let Some(p) = q.get("propagationPolicy") {
+        opts.propagation = Some(p.to_string());
+    } else if let Some(o) = q.get("orphanDependents") {
+        opts.propagation = orphan_policy(Some(o == "true"));
+    }
+    Ok(opts)
+}
+
+fn orphan_policy(orphan: Option<bool>) -> Option<String> {
+    orphan.map(|o| if o { "Orphan".to_string() } else { "Background".to_string() })
+}
+
+async fn delete(state: &AppState, t: &Target, name: &str, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
+    let format = codec::negotiate(headers, None)?;
+    let opts = delete_options(q, headers, body)?;
+    let r = &t.resource;
+    match state.registry.delete(r, t.namespace.as_deref(), name, &opts).await? {
+        Deleted::Pending(obj) => Ok(codec::object(r, StatusCode::OK, format, obj, &[])),
+        Deleted::Gone(obj) if r.info().return_deleted_object => Ok(codec::object(r, StatusCode::OK, format, obj, &[])),
+        Deleted::Gone(obj) => {
+            let v: Value = serde_json::from_slice(&obj).map_err(StatusError::internal)?;
+            let info = r.info();
+            let mut details = json!({"name": name, "kind": info.plural});
+            if !info.group.is_empty() {
+                details["group"] = json!(info.group);
+            }
+            if let Some(uid) = v["metadata"].get("uid") {
+                details["uid"] = uid.clone();
+            }
+            Ok(codec::success(StatusCode::OK, Some(details)))
+        }
+    }
+}
+
+async fn delete_collection(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
+    let format = codec::negotiate(headers, None)?;
+    let opts = delete_options(q, headers, body)?;
+    let (labels, fields) = q.selectors()?;
+    let list_opts = ListOptions { labels, fields, ..Default::default() };
+    let page = state.registry.delete_collection(&t.resource, t.namespace.as_deref(), &list_opts, &opts).await?;
+    list_response(&t.resource, format, page.items, list_meta(page.revision, None, None))
+}
+
+fn list_meta(revision: u64, continue_token: Option<String>, remaining: Option<usize>) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("resourceVersion".into(), json!(revision.to_string()));
+    if let Some(c) = continue_token {
+        m.insert("continue".into(), json!(c));
+    }
+    if let Some(r) = remaining {
+        m.insert("remainingItemCount".into(), json!(r));
+    }
+    m
+}
+
+fn list(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response> {
+    let format = codec::negotiate(headers, q.get("includeObject"))?;
+    let (labels, fields) = q.selectors()?;
+    let limit = q.int::<i64>("limit")?.filter(|l| *l > 0).map(|l| l as usize);
+    if let Some(rv) = q.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0") {
+        let rv: u64 = rv.parse().map_err(|_| StatusError::bad_request(format!("invalid resource version: {rv:?}")))?;
+        // Only the newest state is kept: an exact older revision is gone.
+        if q.get("resourceVersionMatch") == Some("Exact") && rv != state.registry.store().revision() {
+            return Err(StatusError::gone(format!("too old resource version: {rv}")));
+        }
+    }
+    let opts = ListOptions { labels, fields, limit, continue_token: q.get("continue").map(str::to_string) };
+    let page = state.registry.list(&t.resource, t.namespace.as_deref(), &opts)?;
+    list_response(&t.resource, format, page.items, list_meta(page.revision, page.continue_token, page.remaining))
+}
+
+fn list_response(r: &Resource, format: Format, items: Vec<Bytes>, meta: Map<String, Value>) -> Result<Response> {
+    let info = r.info();
+    match format {
+        Format::Table(include) => Ok(codec::json_value(StatusCode::OK, &codec::table(r, &items, include, meta)?)),
+        Format::Json | Format::Yaml => {
+            // Items are already encoded; splice them instead of re-encoding the whole list.
+            let head = json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": meta}).to_string();
+            let mut out = BytesMut::with_capacity(head.len() + items.iter().map(|i| i.len() + 1).sum::<usize>() + 16);
+            out.put_slice(&head.as_bytes()[..head.len() - 1]);
+            out.put_slice(b",\"items\":[");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.put_u8(b',');
+                }
+                out.put_slice(item);
+            }
+            out.put_slice(b"]}");
+            let bytes = out.freeze();
+            if format == Format::Yaml {
+                let v: Value = serde_json::from_slice(&bytes).map_err(StatusError::internal)?;
+                return Ok(codec::yaml(StatusCode::OK, &v));
+            }
+            Ok(codec::json_bytes(StatusCode::OK, bytes))
+        }
+    }
+}
+
+struct WatchStream {
+    watch: Watch,
+    resource: Resource,
+    format: Format,
+    deadline: Instant,
+    bookmarks: bool,
+    next_bookmark: Instant,
+    done: bool,
+}
+
+fn watch(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response> {
+    let format = codec::negotiate(headers, q.get("includeObject"))?;
+    let (labels, mut fields) = q.selectors()?;
+    if let Some(name) = &t.name {
+        fields = FieldSelector::parse(&format!("metadata.name={name}"))
+            .map_err(|e| StatusError::bad_request(e.to_string()))?;
+    }
+    let send_initial_events = q.flag("sendInitialEvents");
+    let bookmarks = q.flag("allowWatchBookmarks");
+    if send_initial_events && !bookmarks {
+        return Err(StatusError::bad_request("sendInitialEvents requires allowWatchBookmarks=true"));
+    }
+    let timeout = q.int::<u64>("timeoutSeconds")?.map(Duration::from_secs).unwrap_or(WATCH_TIMEOUT).min(WATCH_TIMEOUT);
+    let opts = WatchOptions {
+        labels,
+        fields,
+        resource_version: q.get("resourceVersion").map(str::to_string),
+        send_initial_events,
+    };
+    let w = state.registry.watch(&t.resource, t.namespace.as_deref(), opts)?;
+    let now = Instant::now();
+    let st = WatchStream {
+        watch: w,
+        resource: t.resource.clone(),
+        format,
+        deadline: now + timeout,
+        bookmarks,
+        next_bookmark: now + BOOKMARK_EVERY,
+        done: false,
+    };
+    let stream = futures::stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let chunk = next_chunk(&mut st).await?;
+        Some((Ok::<_, std::convert::Infallible>(chunk), st))
+    });
+    let mut resp = Response::new(Body::from_stream(stream.boxed()));
+    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(codec::JSON));
+    Ok(resp)
+}
+
+/// The next encoded line of a watch, or `None` when the watch ends.
+async fn next_chunk(st: &mut WatchStream) -> Option<Bytes> {
+    loop {
+        let bookmark_at = if st.bookmarks { st.next_bookmark } else { st.deadline };
+        tokio::select! {
+            item = st.watch.next() => {
+                return Some(match item {
+                    Ok(item) => encode_event(st, item),
+                    Err(e) => {
+                        st.done = true;
+                        event_line("ERROR", &serde_json::to_vec(&codec::status_body(&e)).unwrap_or_default())
+                    }
+                });
+            }
+            _ = tokio::time::sleep_until(st.deadline) => return None,
+            _ = tokio::time::sleep_until(bookmark_at), if st.bookmarks => {
+                st.next_bookmark = Instant::now() + BOOKMARK_EVERY;
+                let revision = st.watch.revision();
+                return Some(encode_event(st, WatchItem::Bookmark { revision, initial_end: false }));
+            }
+        }
+    }
+}
+
+fn event_line(kind: &str, object: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(object.len() + 32);
+    out.put_slice(b"{\"type\":\"");
+    out.put_slice(kind.as_bytes());
+    out.put_slice(b"\",\"object\":");
+    out.put_slice(object);
+    out.put_slice(b"}\n");
+    out.freeze()
+}
+
+fn encode_event(st: &WatchStream, item: WatchItem) -> Bytes {
+    let kind = item.kind();
+    let info = st.resource.info();
+    let object = match item {
+        WatchItem::Added(o) | WatchItem::Modified(o) | WatchItem::Deleted(o) => o,
+        WatchItem::Bookmark { revision, initial_end } => {
+            let mut meta = json!({"resourceVersion": revision.to_string()});
+            if initial_end {
+                meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+            }
+            let v = json!({"kind": info.kind, "apiVersion": info.api_version(), "metadata": meta});
+            return event_line(kind, &serde_json::to_vec(&v).unwrap_or_default());
+        }
+    };
+    match st.format {
+        Format::Table(include) => {
+            let rv = serde_json::from_slice::<Value>(&object)
+                .ok()
+                .and_then(|v| v["metadata"]["resourceVersion"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            let mut meta = Map::new();
+            meta.insert("resourceVersion".into(), json!(rv));
+            match codec::table(&st.resource, std::slice::from_ref(&object), include, meta) {
+                Ok(t) => event_line(kind, &serde_json::to_vec(&t).unwrap_or_default()),
+                Err(e) => event_line("ERROR", &serde_json::to_vec(&codec::status_body(&e)).unwrap_or_default()),
+            }
+        }
+        _ => event_line(kind, &object),
+    }
+}

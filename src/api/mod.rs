@@ -1,0 +1,349 @@
+//! The HTTPS API: routing, authentication, content negotiation, discovery, OpenAPI and watch streaming.
+//!
+//! **Architecture invariant:** only this module knows HTTP; the registry below it speaks in plain
+//! values and [`StatusError`]s.
+
+mod codec;
+mod discovery;
+mod handlers;
+pub mod openapi;
+pub mod pki;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use bytes::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use crate::registry::{Registry, StatusError};
+
+/// Who made a request, as established by the client certificate or a bearer token.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub name: String,
+    pub groups: Vec<String>,
+}
+
+/// The identity from the TLS client certificate of the connection, if any.
+#[derive(Debug, Clone)]
+struct PeerCert(Option<User>);
+
+/// Bearer tokens accepted, each mapped to a user.
+#[derive(Clone, Default)]
+pub struct Tokens(Vec<(String, User)>);
+
+impl Tokens {
+    pub fn add(&mut self, token: String, user: User) {
+        if !token.is_empty() {
+            self.0.push((token, user));
+        }
+    }
+
+    fn find(&self, presented: &str) -> Option<&User> {
+        self.0.iter().find(|(t, _)| constant_time_eq(t.as_bytes(), presented.as_bytes())).map(|(_, u)| u)
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Everything the handlers need.
+pub struct AppState {
+    pub registry: Registry,
+    pub tokens: Tokens,
+    /// `host:port` advertised in `/api`.
+    pub server_address: String,
+    /// Set once start-up has finished; `/readyz` answers 503 before.
+    pub ready: AtomicBool,
+    openapi: OnceLock<OpenApiDocs>,
+}
+
+struct OpenApiDocs {
+    v2: Bytes,
+    v3_index: Bytes,
+    v3: Vec<(String, Bytes)>,
+}
+
+impl AppState {
+    pub fn new(registry: Registry, tokens: Tokens, server_address: String) -> Self {
+        Self { registry, tokens, server_address, ready: AtomicBool::new(false), openapi: OnceLock::new() }
+    }
+
+    /// OpenAPI documents, generated on first use (they are large and most clients never ask).
+    fn openapi(&self) -> &OpenApiDocs {
+        self.openapi.get_or_init(|| {
+            let resources = self.registry.resources();
+            let schemas: Vec<Box<dyn Fn(&mut schemars::SchemaGenerator) -> schemars::Schema>> = resources
+                .iter()
+                .map(|r| {
+                    let r = r.clone();
+                    Box::new(move |g: &mut schemars::SchemaGenerator| r.schema(g))
+                        as Box<dyn Fn(&mut schemars::SchemaGenerator) -> schemars::Schema>
+                })
+                .collect();
+            let docs: Vec<openapi::ResourceDoc<'_>> = resources
+                .iter()
+                .zip(&schemas)
+                .map(|(r, s)| openapi::ResourceDoc { info: r.info(), merge_keys: r.merge_keys(), schema: s.as_ref() })
+                .collect();
+            let encode = |v: &Value| Bytes::from(serde_json::to_vec(v).unwrap_or_default());
+            let v3 = openapi::v3(&docs);
+            OpenApiDocs {
+                v2: encode(&openapi::v2(&docs)),
+                v3_index: encode(&v3.index),
+                v3: v3.documents.iter().map(|(p, d)| (p.clone(), encode(d))).collect(),
+            }
+        })
+    }
+}
+
+/// The version cairn reports as its Kubernetes version.
+pub const KUBERNETES_VERSION: &str = "v1.37.0";
+
+pub fn version_info() -> Value {
+    json!({
+        "major": "1",
+        "minor": "37",
+        "gitVersion": format!("{KUBERNETES_VERSION}+cairn-{}", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "1970-01-01T00:00:00Z",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, goarch()),
+    })
+}
+
+fn goarch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "arm" => "arm",
+        other => other,
+    }
+}
+
+/// The router; `oneshot`-testable without a socket.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/version", get(|| async { axum::Json(version_info()) }))
+        .route("/healthz", get(health))
+        .route("/livez", get(health))
+        .route("/readyz", get(readyz))
+        .route("/healthz/{check}", get(health))
+        .route("/livez/{check}", get(health))
+        .route("/readyz/{check}", get(readyz))
+        .route("/api", get(api_root))
+        .route("/apis", get(apis_root))
+        .route("/api/v1", get(core_resources))
+        .route("/apis/{group}", get(group_root))
+        .route("/apis/{group}/{version}", get(group_resources))
+        .route("/openapi/v2", get(openapi_v2))
+        .route("/openapi/v3", get(openapi_v3_index))
+        .route("/openapi/v3/{*path}", get(openapi_v3_doc))
+        .fallback(handlers::dispatch)
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+            codec::error(&StatusError::internal("the server hit an unexpected error; see its log"))
+        }))
+        .with_state(state)
+}
+
+/// Anonymous requests may only see health and version, as with upstream's public-info-viewer role.
+fn is_public(path: &str) -> bool {
+    matches!(path, "/version" | "/healthz" | "/livez" | "/readyz")
+        || ["/healthz/", "/livez/", "/readyz/"].iter().any(|p| path.starts_with(p))
+}
+
+async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let cert = req.extensions().get::<PeerCert>().and_then(|p| p.0.clone());
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let user = match bearer {
+        Some(token) => match state.tokens.find(token) {
+            Some(u) => Some(u.clone()),
+            // A wrong token is refused even on public paths, as upstream does.
+            None => return StatusError::unauthorized().into_response(),
+        },
+        None => cert,
+    };
+    match user {
+        Some(u) => {
+            req.extensions_mut().insert(u);
+            next.run(req).await
+        }
+        None if is_public(req.uri().path()) => next.run(req).await,
+        None => StatusError::unauthorized().into_response(),
+    }
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        "ok".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "[-]cairn-startup failed: not finished\nreadyz check failed").into_response()
+    }
+}
+
+fn discovery_response(headers: &HeaderMap, state: &AppState, core: bool, legacy: Value) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    match discovery::wants_aggregated(accept) {
+        Some(ct) => {
+            let body = discovery::aggregated(state.registry.resources(), core, ct);
+            let mut resp = codec::json_value(StatusCode::OK, &body);
+            if let Ok(v) = header::HeaderValue::from_str(ct) {
+                resp.headers_mut().insert(header::CONTENT_TYPE, v);
+            }
+            resp
+        }
+        None => codec::json_value(StatusCode::OK, &legacy),
+    }
+}
+
+async fn api_root(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let legacy = discovery::api_versions(&state.server_address);
+    discovery_response(&headers, &state, true, legacy)
+}
+
+async fn apis_root(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let legacy = discovery::api_group_list(state.registry.resources());
+    discovery_response(&headers, &state, false, legacy)
+}
+
+async fn core_resources(State(state): State<Arc<AppState>>) -> Response {
+    match discovery::resource_list(state.registry.resources(), "", "v1") {
+        Some(v) => codec::json_value(StatusCode::OK, &v),
+        None => StatusError::no_route().into_response(),
+    }
+}
+
+async fn group_root(State(state): State<Arc<AppState>>, Path(group): Path<String>) -> Response {
+    match discovery::api_group(state.registry.resources(), &group) {
+        Some(v) => codec::json_value(StatusCode::OK, &v),
+        None => StatusError::no_route().into_response(),
+    }
+}
+
+async fn group_resources(State(state): State<Arc<AppState>>, Path((group, version)): Path<(String, String)>) -> Response {
+    match discovery::resource_list(state.registry.resources(), &group, &version) {
+        Some(v) => codec::json_value(StatusCode::OK, &v),
+        None => StatusError::no_route().into_response(),
+    }
+}
+
+async fn openapi_v2(State(state): State<Arc<AppState>>) -> Response {
+    let docs = blocking_docs(state).await;
+    codec::json_bytes(StatusCode::OK, docs.v2.clone())
+}
+
+async fn openapi_v3_index(State(state): State<Arc<AppState>>) -> Response {
+    let docs = blocking_docs(state).await;
+    codec::json_bytes(StatusCode::OK, docs.v3_index.clone())
+}
+
+async fn openapi_v3_doc(State(state): State<Arc<AppState>>, Path(path): Path<String>) -> Response {
+    let docs = blocking_docs(state).await;
+    match docs.v3.iter().find(|(p, _)| *p == path) {
+        Some((_, d)) => codec::json_bytes(StatusCode::OK, d.clone()),
+        None => StatusError::no_route().into_response(),
+    }
+}
+
+/// The OpenAPI documents, generated off the async threads the first time.
+async fn blocking_docs(state: Arc<AppState>) -> DocsRef {
+    let s = state.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        s.openapi();
+    })
+    .await;
+    DocsRef(state)
+}
+
+struct DocsRef(Arc<AppState>);
+
+impl std::ops::Deref for DocsRef {
+    type Target = OpenApiDocs;
+    fn deref(&self) -> &OpenApiDocs {
+        self.0.openapi()
+    }
+}
+
+/// Serves HTTPS on `listener` until `shutdown` fires, then drains open connections for a few seconds.
+pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router, shutdown: CancellationToken) {
+    let acceptor = TlsAcceptor::from(tls);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, "TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let identity = tls.get_ref().1.peer_certificates().and_then(pki::client_identity);
+            let peer_cert = PeerCert(identity.map(|(name, groups)| User { name, groups }));
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(peer_cert.clone());
+                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                app.clone().oneshot(req.map(axum::body::Body::new))
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
+                tracing::debug!(%peer, "connection ended with an error: {e}");
+            }
+        });
+    }
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(Duration::from_secs(5)) => tracing::info!("closing connections still open after 5s"),
+    }
+}
+
+/// Binds the listener, naming the address in the error.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    use anyhow::Context as _;
+    TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))
+}

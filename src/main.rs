@@ -1,0 +1,221 @@
+//! cairn: a single-binary, all-in-one Kubernetes-style edge cluster.
+
+mod api;
+mod bench;
+mod controllers;
+mod registry;
+mod server;
+mod store;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+
+/// A single-binary Kubernetes-compatible cluster for edge devices, labs and CI.
+#[derive(Parser, Debug)]
+#[command(name = "cairn", version, about, long_about = None, args_override_self = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the API server with its store, controllers and (soon) the node agent.
+    Server(ServerArgs),
+    /// Measure cairn; see `cairn bench --help`.
+    Bench(bench::BenchArgs),
+}
+
+/// Flags of `cairn server`. Every flag can also be given in the YAML config file under the same
+/// name without dashes (e.g. `write-kubeconfig-mode: "0644"`); flags on the command line win.
+#[derive(Args, Debug, Clone)]
+struct ServerArgs {
+    /// YAML file with flag values [default: /etc/cairn/config.yaml if present]
+    #[arg(short = 'c', long, env = "CAIRN_CONFIG_FILE")]
+    config: Option<PathBuf>,
+    /// Where cairn keeps its state [default: /var/lib/cairn as root, $HOME/.cairn otherwise]
+    #[arg(short = 'd', long, env = "CAIRN_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address the API listens on
+    #[arg(long, default_value = "0.0.0.0")]
+    bind_address: IpAddr,
+    /// HTTPS port of the API (0 picks a free one)
+    #[arg(long, default_value_t = 6443)]
+    https_listen_port: u16,
+    /// Where to write the admin kubeconfig [default: /etc/cairn/cairn.yaml as root, <data-dir>/kubeconfig.yaml otherwise]
+    #[arg(short = 'o', long, env = "CAIRN_KUBECONFIG_OUTPUT")]
+    write_kubeconfig: Option<PathBuf>,
+    /// File mode of the kubeconfig, octal
+    #[arg(long, env = "CAIRN_KUBECONFIG_MODE", default_value = "0600")]
+    write_kubeconfig_mode: String,
+    /// Extra hostname or IP for the serving certificate (repeatable)
+    #[arg(long = "tls-san")]
+    tls_san: Vec<String>,
+    /// Shared secret that nodes use to join [default: generated into <data-dir>/server/token]
+    #[arg(short = 't', long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the token
+    #[arg(long, env = "CAIRN_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Do not run the node agent in this process
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    disable_agent: bool,
+    /// Name of this node [default: the hostname]
+    #[arg(long, env = "CAIRN_NODE_NAME")]
+    node_name: Option<String>,
+    /// Pod network of the cluster
+    #[arg(long, default_value = "10.42.0.0/16")]
+    cluster_cidr: String,
+    /// Upper bound of the store's page cache, in MiB
+    #[arg(long, default_value_t = 16)]
+    store_cache_mib: u64,
+    /// Log filter, e.g. `info` or `cairn=debug`
+    #[arg(long, env = "CAIRN_LOG", default_value = "info")]
+    log: String,
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Reads a YAML config file into command-line arguments (`key: value` → `--key value`).
+fn config_args(path: &std::path::Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the config file {}", path.display()))?;
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&text).with_context(|| format!("the config file {} is not valid YAML", path.display()))?;
+    let mut args = Vec::new();
+    let serde_yaml::Value::Mapping(map) = doc else {
+        if doc.is_null() {
+            return Ok(args);
+        }
+        anyhow::bail!("the config file {} must be a YAML mapping of flag names to values", path.display());
+    };
+    for (k, v) in map {
+        let key = k.as_str().with_context(|| format!("a key in {} is not a string", path.display()))?.to_string();
+        let values = match v {
+            serde_yaml::Value::Sequence(items) => items,
+            other => vec![other],
+        };
+        for value in values {
+            let text = match value {
+                serde_yaml::Value::String(s) => s,
+                serde_yaml::Value::Bool(b) => b.to_string(),
+                serde_yaml::Value::Number(n) => n.to_string(),
+                _ => anyhow::bail!("the value of {key:?} in {} must be a string, number or boolean", path.display()),
+            };
+            args.push(format!("--{key}={text}"));
+        }
+    }
+    Ok(args)
+}
+
+/// Re-parses the command line with the config file's values in front, so command-line flags win.
+fn with_config_file(args: ServerArgs) -> Result<ServerArgs> {
+    let path = match &args.config {
+        Some(p) => p.clone(),
+        None => {
+            let default = PathBuf::from("/etc/cairn/config.yaml");
+            if !default.exists() {
+                return Ok(args);
+            }
+            default
+        }
+    };
+    let mut argv: Vec<String> = std::env::args().collect();
+    let pos = argv.iter().position(|a| a == "server").map_or(argv.len(), |p| p + 1);
+    let extra = config_args(&path)?;
+    argv.splice(pos..pos, extra);
+    match Cli::try_parse_from(argv) {
+        Ok(Cli { command: Command::Server(a) }) => Ok(a),
+        Ok(_) => anyhow::bail!("unexpected command after reading {}", path.display()),
+        Err(e) => anyhow::bail!("in the config file {}: {e}", path.display()),
+    }
+}
+
+fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(|| {
+        if is_root() {
+            PathBuf::from("/var/lib/cairn")
+        } else {
+            std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".cairn")
+        }
+    });
+    let write_kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
+        if is_root() { PathBuf::from("/etc/cairn/cairn.yaml") } else { data_dir.join("kubeconfig.yaml") }
+    });
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading --token-file {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    if token.as_deref() == Some("") {
+        anyhow::bail!("--token must not be empty");
+    }
+    let node_name = args
+        .node_name
+        .clone()
+        .or_else(|| hostname::get().ok().and_then(|h| h.into_string().ok()))
+        .unwrap_or_else(|| "cairn".into())
+        .to_lowercase();
+    let cidr_ok = args
+        .cluster_cidr
+        .split_once('/')
+        .is_some_and(|(ip, bits)| ip.parse::<IpAddr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 128));
+    if !cidr_ok {
+        anyhow::bail!("invalid cluster-cidr {:?}: expected a CIDR such as 10.42.0.0/16", args.cluster_cidr);
+    }
+    Ok(server::ServerConfig {
+        data_dir,
+        bind_address: args.bind_address,
+        https_listen_port: args.https_listen_port,
+        write_kubeconfig,
+        write_kubeconfig_mode: server::parse_mode(&args.write_kubeconfig_mode)?,
+        tls_san: args.tls_san.clone(),
+        token,
+        node_name,
+        disable_agent: args.disable_agent,
+        store_cache_mib: args.store_cache_mib,
+    })
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Server(args) => run_server(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cairn: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_server(args: ServerArgs) -> Result<()> {
+    let args = with_config_file(args)?;
+    init_logging(&args.log);
+    let cfg = server_config(args)?;
+    // Two worker threads suit the small machines cairn runs on.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(server::run(cfg))
+}

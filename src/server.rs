@@ -1,0 +1,209 @@
+//! `cairn server`: the composition root. Flags become one [`ServerConfig`], validated before anything
+//! starts; then store, PKI, registry, API and controllers start in order under one cancellation token.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context as _, Result, bail};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, AppState, Tokens, User, pki};
+use crate::controllers;
+use crate::registry::Registry;
+use crate::store::{self, Store};
+
+/// Everything `cairn server` needs, after flags and the config file are merged.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub bind_address: IpAddr,
+    pub https_listen_port: u16,
+    pub write_kubeconfig: PathBuf,
+    pub write_kubeconfig_mode: u32,
+    pub tls_san: Vec<String>,
+    pub token: Option<String>,
+    pub node_name: String,
+    pub disable_agent: bool,
+    pub store_cache_mib: u64,
+}
+
+impl ServerConfig {
+    fn db_dir(&self) -> PathBuf {
+        self.data_dir.join("server").join("db")
+    }
+    fn tls_dir(&self) -> PathBuf {
+        self.data_dir.join("server").join("tls")
+    }
+    fn token_file(&self) -> PathBuf {
+        self.data_dir.join("server").join("token")
+    }
+}
+
+/// Parses a `--write-kubeconfig-mode` value such as `0644` or `644` (octal, as k3s).
+pub fn parse_mode(s: &str) -> Result<u32> {
+    let digits = s.trim_start_matches("0o");
+    let mode = u32::from_str_radix(digits, 8).with_context(|| format!("invalid write-kubeconfig-mode {s:?}: expected octal such as 0600"))?;
+    if mode > 0o777 {
+        bail!("invalid write-kubeconfig-mode {s:?}: at most 0777");
+    }
+    Ok(mode)
+}
+
+/// Runs the server until SIGINT or SIGTERM.
+pub async fn run(cfg: ServerConfig) -> Result<()> {
+    let shutdown = CancellationToken::new();
+    let ready = start(cfg, shutdown.clone()).await?;
+    tracing::info!(
+        "cairn is ready: API at {}, kubeconfig at {}",
+        ready.url,
+        ready.kubeconfig.display()
+    );
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    shutdown.cancel();
+    ready.done.await.ok();
+    Ok(())
+}
+
+/// A started server.
+pub struct Started {
+    pub url: String,
+    pub kubeconfig: PathBuf,
+    /// Resolves when the API has stopped serving.
+    pub done: tokio::task::JoinHandle<()>,
+}
+
+/// Starts every component; returns once the API answers and the kubeconfig is written.
+pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Started> {
+    if !cfg.disable_agent {
+        tracing::info!("the node agent is not part of this build yet; running the control plane only");
+    }
+    std::fs::create_dir_all(cfg.data_dir.join("server"))
+        .with_context(|| format!("creating the data directory {}", cfg.data_dir.display()))?;
+
+    let store = Store::open(&cfg.db_dir(), store::Options { cache_bytes: cfg.store_cache_mib << 20, ..Default::default() })
+        .with_context(|| format!("opening the store in {}", cfg.db_dir().display()))?;
+    tracing::info!("store opened at revision {}", store.revision());
+
+    let hostname = hostname::get().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());
+    let mut node_ips = local_ips();
+    if !cfg.bind_address.is_unspecified() && !node_ips.contains(&cfg.bind_address) {
+        node_ips.push(cfg.bind_address);
+    }
+    let pki = Arc::new(
+        pki::Pki::load_or_create(&cfg.tls_dir(), &hostname, &node_ips, &cfg.tls_san)
+            .context("preparing TLS certificates")?,
+    );
+    let tls = pki.server_config().context("building the TLS configuration")?;
+
+    let token = match &cfg.token {
+        Some(t) => t.clone(),
+        None => load_or_create_token(&cfg.token_file())?,
+    };
+    let mut tokens = Tokens::default();
+    tokens.add(token, User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] });
+
+    let registry = Registry::new(store);
+    controllers::bootstrap(&registry).await.context("creating the system namespaces")?;
+
+    let addr = SocketAddr::new(cfg.bind_address, cfg.https_listen_port);
+    let listener = api::bind(addr).await?;
+    let local = listener.local_addr().context("reading the listening address")?;
+    let advertised = if cfg.bind_address.is_unspecified() {
+        SocketAddr::new(node_ips.first().copied().unwrap_or(IpAddr::from([127, 0, 0, 1])), local.port())
+    } else {
+        local
+    };
+    let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
+    let app = api::router(state.clone());
+    let done = tokio::spawn(api::serve(listener, tls, app, shutdown.clone()));
+
+    let url = format!("https://127.0.0.1:{}", local.port());
+    pki::write_kubeconfig(&cfg.write_kubeconfig, cfg.write_kubeconfig_mode, &url, &pki)
+        .with_context(|| format!("writing the kubeconfig {}", cfg.write_kubeconfig.display()))?;
+
+    controllers::spawn_all(&registry, &shutdown);
+    let kubeconfig = cfg.write_kubeconfig.clone();
+    let renew_url = url.clone();
+    let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, move |p| {
+        if let Err(e) = pki::write_kubeconfig(&kubeconfig, cfg.write_kubeconfig_mode, &renew_url, p) {
+            tracing::error!("rewriting the kubeconfig after certificate renewal failed: {e}");
+        }
+    });
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        handle.abort();
+    });
+    state.ready.store(true, Ordering::Release);
+    Ok(Started { url, kubeconfig: cfg.write_kubeconfig, done })
+}
+
+/// The node/join token, created on first start (0600) and reused after.
+fn load_or_create_token(path: &Path) -> Result<String> {
+    if let Ok(t) = std::fs::read_to_string(path) {
+        let t = t.trim().to_string();
+        if !t.is_empty() {
+            return Ok(t);
+        }
+    }
+    use rand::Rng as _;
+    let token: String = rand::rng().sample_iter(rand::distr::Alphanumeric).take(48).map(char::from).collect();
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    writeln!(f, "{token}").and_then(|_| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", path.display()))?;
+    tracing::info!("created the node token at {}", path.display());
+    Ok(token)
+}
+
+/// Addresses of this machine worth putting in the serving certificate.
+fn local_ips() -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = if_addrs::get_if_addrs()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|i| i.ip())
+        .filter(|ip| !ip.is_loopback() && !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+        .collect();
+    ips.dedup();
+    ips
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_as_octal() {
+        assert_eq!(parse_mode("0644").unwrap(), 0o644);
+        assert_eq!(parse_mode("600").unwrap(), 0o600);
+        assert!(parse_mode("0999").is_err());
+        assert!(parse_mode("rw").is_err());
+    }
+}

@@ -1,0 +1,129 @@
+use super::*;
+use serde_json::json;
+
+fn obj(name: &str) -> Value {
+    json!({"metadata": {"name": name}, "data": {"k": "v"}})
+}
+
+fn open(dir: &Path) -> Store {
+    Store::open(dir, Options { cache_bytes: 1 << 20, history: 4 }).expect("open store")
+}
+
+#[tokio::test]
+async fn writes_get_increasing_revisions_and_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let last = {
+        let store = open(dir.path());
+        let a = store.write("c/a".into(), Precondition::Absent, Op::Put(obj("a"))).await.unwrap();
+        let b = store.write("c/b".into(), Precondition::Absent, Op::Put(obj("b"))).await.unwrap();
+        assert!(b.rv > a.rv);
+        let v: Value = serde_json::from_slice(&b.data).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], b.rv.to_string());
+        store.write("c/a".into(), Precondition::Revision(a.rv), Op::Delete(obj("a"))).await.unwrap();
+        store.revision()
+    };
+    // The writer thread exits once the store is dropped; wait for sled's lock to be released.
+    let store = loop {
+        match Store::open(dir.path(), Options::default()) {
+            Ok(s) => break s,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    };
+    assert_eq!(store.revision(), last);
+    assert!(store.get("c/a").is_none());
+    assert!(store.get("c/b").is_some());
+    let next = store.write("c/c".into(), Precondition::Absent, Op::Put(obj("c"))).await.unwrap();
+    assert!(next.rv > last);
+}
+
+#[tokio::test]
+async fn preconditions_are_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = store.write("c/a".into(), Precondition::Absent, Op::Put(obj("a"))).await.unwrap();
+    assert!(matches!(
+        store.write("c/a".into(), Precondition::Absent, Op::Put(obj("a"))).await,
+        Err(Error::AlreadyExists)
+    ));
+    assert!(matches!(
+        store.write("c/a".into(), Precondition::Revision(a.rv + 100), Op::Put(obj("a"))).await,
+        Err(Error::Conflict { current }) if current == a.rv
+    ));
+    assert!(matches!(
+        store.write("c/x".into(), Precondition::Exists, Op::Put(obj("x"))).await,
+        Err(Error::NotFound)
+    ));
+}
+
+#[tokio::test]
+async fn concurrent_creates_of_one_key_have_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let s = store.clone();
+            tokio::spawn(async move { s.write("c/same".into(), Precondition::Absent, Op::Put(obj("same"))).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        if t.await.unwrap().is_ok() {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 1);
+}
+
+#[tokio::test]
+async fn list_is_prefix_bounded_and_paginates() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for name in ["a", "b", "c"] {
+        store.write(format!("pods/ns1/{name}"), Precondition::Absent, Op::Put(obj(name))).await.unwrap();
+    }
+    store.write("pods/ns2/z".into(), Precondition::Absent, Op::Put(obj("z"))).await.unwrap();
+    let page = store.list("pods/ns1/", None, Some(2));
+    assert_eq!(page.items.len(), 2);
+    assert_eq!(page.remaining, 1);
+    let rest = store.list("pods/ns1/", Some(&page.items[1].0), Some(2));
+    assert_eq!(rest.items.len(), 1);
+    assert_eq!(rest.items[0].0, "pods/ns1/c");
+    assert_eq!(store.list("pods/", None, None).items.len(), 4);
+}
+
+#[tokio::test]
+async fn watch_resumes_and_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let start = store.revision();
+    let mut sub = store.watch(start).unwrap();
+    let a = store.write("c/a".into(), Precondition::Absent, Op::Put(obj("a"))).await.unwrap();
+    let e = sub.next().await.unwrap();
+    assert_eq!((e.rv, e.kind), (a.rv, EventType::Added));
+
+    // Resume from the middle of the history.
+    let b = store.write("c/a".into(), Precondition::Exists, Op::Put(obj("a"))).await.unwrap();
+    let mut resumed = store.watch(a.rv).unwrap();
+    let e = resumed.next().await.unwrap();
+    assert_eq!((e.rv, e.kind), (b.rv, EventType::Modified));
+    assert_eq!(e.prev.as_ref().map(|p| p.rv), Some(a.rv));
+
+    // The history keeps 4 events; older revisions are gone.
+    for _ in 0..5 {
+        store.write("c/a".into(), Precondition::Exists, Op::Put(obj("a"))).await.unwrap();
+    }
+    assert!(matches!(store.watch(start), Err(Error::TooOld { .. })));
+}
+
+#[tokio::test]
+async fn list_and_watch_miss_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.write("c/a".into(), Precondition::Absent, Op::Put(obj("a"))).await.unwrap();
+    let (listing, mut sub) = store.list_and_watch("c/");
+    assert_eq!(listing.items.len(), 1);
+    let b = store.write("c/b".into(), Precondition::Absent, Op::Put(obj("b"))).await.unwrap();
+    let e = sub.next().await.unwrap();
+    assert_eq!(e.rv, b.rv);
+    assert_eq!(&*e.key, "c/b");
+}

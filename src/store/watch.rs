@@ -1,0 +1,131 @@
+//! The watch hub: a bounded history of committed events plus a live broadcast.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+
+use super::{Error, Object, Result};
+
+/// Capacity of the live channel; a watcher that falls further behind is ended with [`Error::TooOld`].
+const LIVE_CAPACITY: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One committed change.
+#[derive(Debug)]
+pub struct Event {
+    pub rv: u64,
+    pub kind: EventType,
+    pub key: Arc<str>,
+    /// The new object, or for a delete its final state (carrying the deletion revision).
+    pub object: Arc<Object>,
+    /// The object before this change, if it existed.
+    pub prev: Option<Arc<Object>>,
+}
+
+struct HubState {
+    history: VecDeque<Arc<Event>>,
+    capacity: usize,
+    /// Every event with a revision above this one is in `history`.
+    complete_after: u64,
+    tx: broadcast::Sender<Arc<Event>>,
+}
+
+pub(super) struct Hub {
+    state: Mutex<HubState>,
+}
+
+impl Hub {
+    pub(super) fn new(revision: u64, capacity: usize) -> Self {
+        let (tx, _) = broadcast::channel(LIVE_CAPACITY);
+        Self {
+            state: Mutex::new(HubState {
+                history: VecDeque::with_capacity(capacity.min(1024)),
+                capacity: capacity.max(1),
+                complete_after: revision,
+                tx,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn publish(&self, events: Vec<Arc<Event>>) {
+        let mut st = self.lock();
+        for event in events {
+            if st.history.len() == st.capacity
+                && let Some(old) = st.history.pop_front()
+            {
+                st.complete_after = old.rv;
+            }
+            st.history.push_back(event.clone());
+            // No receivers is fine.
+            let _ = st.tx.send(event);
+        }
+    }
+
+    /// Subscribes to events after `from`, replaying history first.
+    pub(super) fn subscribe(&self, from: u64) -> Result<Subscription> {
+        let st = self.lock();
+        if from < st.complete_after {
+            return Err(Error::TooOld { requested: from, oldest: st.complete_after });
+        }
+        let backlog = st.history.iter().filter(|e| e.rv > from).cloned().collect();
+        Ok(Subscription { backlog, rx: st.tx.subscribe(), last: from })
+    }
+
+    /// Subscribes to events from now on.
+    pub(super) fn subscribe_now(&self) -> Subscription {
+        let st = self.lock();
+        Subscription { backlog: VecDeque::new(), rx: st.tx.subscribe(), last: 0 }
+    }
+}
+
+/// A stream of committed events in revision order, without gaps or duplicates.
+pub struct Subscription {
+    backlog: VecDeque<Arc<Event>>,
+    rx: broadcast::Receiver<Arc<Event>>,
+    last: u64,
+}
+
+impl Subscription {
+    /// Skips events up to and including `rv` (they are already reflected in a snapshot).
+    pub fn skip_through(&mut self, rv: u64) {
+        self.last = self.last.max(rv);
+        self.backlog.retain(|e| e.rv > rv);
+    }
+
+    /// The revision of the last event delivered (or skipped).
+    pub fn last_revision(&self) -> u64 {
+        self.last
+    }
+
+    /// The next event. Fails with [`Error::TooOld`] when this subscriber fell so far behind that
+    /// events were dropped, and with [`Error::Closed`] when the store is gone.
+    pub async fn next(&mut self) -> Result<Arc<Event>> {
+        loop {
+            let event = match self.backlog.pop_front() {
+                Some(e) => e,
+                None => match self.rx.recv().await {
+                    Ok(e) => e,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        return Err(Error::TooOld { requested: self.last, oldest: self.last + 1 });
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Err(Error::Closed),
+                },
+            };
+            if event.rv > self.last {
+                self.last = event.rv;
+                return Ok(event);
+            }
+        }
+    }
+}
