@@ -82,6 +82,7 @@ pub struct ListOptions {
 }
 
 /// One page of a list, with items already in this resource's representation.
+#[derive(Debug)]
 pub struct ListPage {
     pub items: Vec<Bytes>,
     pub revision: u64,
@@ -461,6 +462,8 @@ impl Registry {
                         }
                     }
                 }
+                // The binding sets spec.nodeName and the PodScheduled condition itself.
+                Some("binding") => {}
                 _ => r.prepare_update(&mut new, &old, status)?,
             }
             if status {
@@ -472,7 +475,9 @@ impl Registry {
             }
             let mut errs = validate_meta(r, &new, false);
             errs.extend(validate_meta_update(&new, &old));
-            errs.extend(r.validate_update(&new, &old, status)?);
+            if subresource != Some("binding") {
+                errs.extend(r.validate_update(&new, &old, status)?);
+            }
             if !errs.is_empty() {
                 return Err(StatusError::invalid(info.kind, info.group, name, &errs));
             }

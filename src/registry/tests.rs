@@ -1,0 +1,247 @@
+use super::*;
+use serde_json::json;
+
+async fn registry() -> (tempfile::TempDir, Registry) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path(), store::Options { cache_bytes: 1 << 20, history: 1000 }).expect("store");
+    let reg = Registry::new(store);
+    crate::controllers::bootstrap(&reg).await.expect("bootstrap");
+    (dir, reg)
+}
+
+fn res(reg: &Registry, group: &str, plural: &str) -> Resource {
+    reg.find(group, "v1", plural).expect("served")
+}
+
+fn value(b: &Bytes) -> Value {
+    serde_json::from_slice(b).expect("json")
+}
+
+fn pod(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+}
+
+#[tokio::test]
+async fn create_sets_server_fields_and_defaults() {
+    let (_d, reg) = registry().await;
+    let pods = res(&reg, "", "pods");
+    let w = reg.create(&pods, Some("default"), pod("a"), &WriteOptions::default()).await.unwrap();
+    let v = value(&w.object);
+    assert!(w.created);
+    assert_eq!(v["metadata"]["namespace"], "default");
+    assert!(v["metadata"]["uid"].as_str().is_some_and(|u| u.len() == 36));
+    assert_eq!(v["metadata"]["generation"], 1);
+    assert_eq!(v["spec"]["schedulerName"], "default-scheduler");
+    assert_eq!(v["status"]["phase"], "Pending");
+    assert_eq!(v["status"]["qosClass"], "BestEffort");
+}
+
+#[tokio::test]
+async fn generate_name_and_dry_run() {
+    let (_d, reg) = registry().await;
+    let cms = res(&reg, "", "configmaps");
+    let body = json!({"metadata": {"generateName": "cfg-"}, "data": {"a": "b"}});
+    let w = reg.create(&cms, Some("default"), body.clone(), &WriteOptions::default()).await.unwrap();
+    let name = value(&w.object)["metadata"]["name"].as_str().unwrap().to_string();
+    assert!(name.starts_with("cfg-") && name.len() == 9, "{name}");
+    let dry = WriteOptions { dry_run: true, ..Default::default() };
+    let before = reg.store().revision();
+    reg.create(&cms, Some("default"), json!({"metadata": {"name": "dry"}}), &dry).await.unwrap();
+    assert_eq!(reg.store().revision(), before);
+    assert_eq!(reg.get(&cms, Some("default"), "dry").unwrap_err().code, 404);
+}
+
+#[tokio::test]
+async fn wrong_kind_unknown_fields_and_invalid_names() {
+    let (_d, reg) = registry().await;
+    let cms = res(&reg, "", "configmaps");
+    let wrong = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}});
+    assert_eq!(reg.create(&cms, Some("default"), wrong, &WriteOptions::default()).await.unwrap_err().code, 400);
+    let strict = WriteOptions { field_validation: FieldValidation::Strict, ..Default::default() };
+    let extra = json!({"metadata": {"name": "x"}, "bogus": 1});
+    let e = reg.create(&cms, Some("default"), extra.clone(), &strict).await.unwrap_err();
+    assert_eq!(e.code, 400);
+    assert!(e.message.contains("unknown field \"bogus\""), "{}", e.message);
+    let w = reg.create(&cms, Some("default"), extra, &WriteOptions::default()).await.unwrap();
+    assert_eq!(w.warnings, vec!["unknown field \"bogus\"".to_string()]);
+    let bad = json!({"metadata": {"name": "Not_Valid"}});
+    let e = reg.create(&cms, Some("default"), bad, &WriteOptions::default()).await.unwrap_err();
+    assert_eq!(e.code, 422);
+    assert_eq!(e.details.unwrap().causes[0].field, "metadata.name");
+}
+
+#[tokio::test]
+async fn namespace_must_exist() {
+    let (_d, reg) = registry().await;
+    let cms = res(&reg, "", "configmaps");
+    let e = reg.create(&cms, Some("nope"), json!({"metadata": {"name": "x"}}), &WriteOptions::default()).await.unwrap_err();
+    assert_eq!((e.code, e.message.as_str()), (404, "namespaces \"nope\" not found"));
+}
+
+#[tokio::test]
+async fn stale_update_conflicts_and_noop_update_keeps_revision() {
+    let (_d, reg) = registry().await;
+    let cms = res(&reg, "", "configmaps");
+    let w = reg.create(&cms, Some("default"), json!({"metadata": {"name": "c"}, "data": {"a": "1"}}), &WriteOptions::default()).await.unwrap();
+    let first = value(&w.object);
+    let mut change = first.clone();
+    change["data"]["a"] = json!("2");
+    let w2 = reg.update(&cms, Some("default"), "c", change.clone(), None, &WriteOptions::default()).await.unwrap();
+    // Same body again carries the old resourceVersion: 409.
+    let e = reg.update(&cms, Some("default"), "c", change, None, &WriteOptions::default()).await.unwrap_err();
+    assert_eq!(e.code, 409);
+    assert!(e.message.contains("the object has been modified"));
+    let current = value(&w2.object);
+    let rv = reg.store().revision();
+    reg.update(&cms, Some("default"), "c", current, None, &WriteOptions::default()).await.unwrap();
+    assert_eq!(reg.store().revision(), rv, "a no-op update must not write");
+}
+
+#[tokio::test]
+async fn generation_follows_spec_only() {
+    let (_d, reg) = registry().await;
+    let pods = res(&reg, "", "pods");
+    reg.create(&pods, Some("default"), pod("g"), &WriteOptions::default()).await.unwrap();
+    let label = br#"{"metadata":{"labels":{"x":"y"}}}"#;
+    let w = reg.patch(&pods, Some("default"), "g", label, PatchType::Merge, None, &WriteOptions::default()).await.unwrap();
+    assert_eq!(value(&w.object)["metadata"]["generation"], 1);
+    let image = br#"{"spec":{"containers":[{"name":"c","image":"busybox:2"}]}}"#;
+    let w = reg.patch(&pods, Some("default"), "g", image, PatchType::StrategicMerge, None, &WriteOptions::default()).await.unwrap();
+    let v = value(&w.object);
+    assert_eq!(v["metadata"]["generation"], 2);
+    assert_eq!(v["spec"]["containers"][0]["image"], "busybox:2");
+}
+
+#[tokio::test]
+async fn status_only_through_status() {
+    let (_d, reg) = registry().await;
+    let pods = res(&reg, "", "pods");
+    let w = reg.create(&pods, Some("default"), pod("s"), &WriteOptions::default()).await.unwrap();
+    let mut v = value(&w.object);
+    v["status"]["phase"] = json!("Running");
+    let w = reg.update(&pods, Some("default"), "s", v.clone(), None, &WriteOptions::default()).await.unwrap();
+    assert_eq!(value(&w.object)["status"]["phase"], "Pending");
+    let w = reg.update(&pods, Some("default"), "s", v, Some("status"), &WriteOptions::default()).await.unwrap();
+    assert_eq!(value(&w.object)["status"]["phase"], "Running");
+}
+
+#[tokio::test]
+async fn binding_once() {
+    let (_d, reg) = registry().await;
+    let pods = res(&reg, "", "pods");
+    reg.create(&pods, Some("default"), pod("b"), &WriteOptions::default()).await.unwrap();
+    let binding = json!({"metadata": {"name": "b"}, "target": {"kind": "Node", "name": "n1"}});
+    reg.bind("default", "b", &binding).await.unwrap();
+    let v = value(&reg.get(&pods, Some("default"), "b").unwrap());
+    assert_eq!(v["spec"]["nodeName"], "n1");
+    assert_eq!(v["status"]["conditions"][0]["type"], "PodScheduled");
+    let e = reg.bind("default", "b", &binding).await.unwrap_err();
+    assert_eq!(e.code, 409);
+}
+
+#[tokio::test]
+async fn bound_pod_deletes_gracefully_unbound_at_once() {
+    let (_d, reg) = registry().await;
+    let pods = res(&reg, "", "pods");
+    let nodes = res(&reg, "", "nodes");
+    reg.create(&nodes, None, json!({"metadata": {"name": "n1"}}), &WriteOptions::default()).await.unwrap();
+    reg.create(&pods, Some("default"), pod("u"), &WriteOptions::default()).await.unwrap();
+    assert!(matches!(reg.delete(&pods, Some("default"), "u", &DeleteOptions::default()).await.unwrap(), Deleted::Gone(_)));
+
+    reg.create(&pods, Some("default"), pod("p"), &WriteOptions::default()).await.unwrap();
+    reg.bind("default", "p", &json!({"target": {"name": "n1"}})).await.unwrap();
+    let Deleted::Pending(b) = reg.delete(&pods, Some("default"), "p", &DeleteOptions::default()).await.unwrap() else {
+        panic!("a bound pod must wait for its node");
+    };
+    let v = value(&b);
+    assert_eq!(v["metadata"]["deletionGracePeriodSeconds"], 30);
+    assert!(v["metadata"]["deletionTimestamp"].is_string());
+    // The node confirms with grace 0 and a uid precondition.
+    let uid = v["metadata"]["uid"].as_str().unwrap().to_string();
+    let wrong = DeleteOptions { grace_period_seconds: Some(0), uid: Some("other".into()), ..Default::default() };
+    assert_eq!(reg.delete(&pods, Some("default"), "p", &wrong).await.unwrap_err().code, 409);
+    let ok = DeleteOptions { grace_period_seconds: Some(0), uid: Some(uid), ..Default::default() };
+    assert!(matches!(reg.delete(&pods, Some("default"), "p", &ok).await.unwrap(), Deleted::Gone(_)));
+}
+
+#[tokio::test]
+async fn finalizers_hold_deletion_until_removed() {
+    let (_d, reg) = registry().await;
+    let cms = res(&reg, "", "configmaps");
+    let body = json!({"metadata": {"name": "f", "finalizers": ["example.com/hold"]}});
+    reg.create(&cms, Some("default"), body, &WriteOptions::default()).await.unwrap();
+    assert!(matches!(reg.delete(&cms, Some("default"), "f", &DeleteOptions::default()).await.unwrap(), Deleted::Pending(_)));
+    let add = br#"{"metadata":{"finalizers":["example.com/hold","example.com/more"]}}"#;
+    assert_eq!(reg.patch(&cms, Some("default"), "f", add, PatchType::Merge, None, &WriteOptions::default()).await.unwrap_err().code, 422);
+    let clear = br#"{"metadata":{"finalizers":null}}"#;
+    reg.patch(&cms, Some("default"), "f", clear, PatchType::Merge, None, &WriteOptions::default()).await.unwrap();
+    assert_eq!(reg.get(&cms, Some("default"), "f").unwrap_err().code, 404);
+}
+
+#[tokio::test]
+async fn selectors_and_pagination() {
+    let (_d, reg) = registry().await;
+    let pods = res(&reg, "", "pods");
+    for i in 0..5 {
+        let mut p = pod(&format!("p{i}"));
+        p["metadata"]["labels"]["tier"] = json!(if i % 2 == 0 { "even" } else { "odd" });
+        reg.create(&pods, Some("default"), p, &WriteOptions::default()).await.unwrap();
+    }
+    let labels = LabelSelector::parse("tier in (even),app=web").unwrap();
+    let page = reg.list(&pods, Some("default"), &ListOptions { labels, ..Default::default() }).unwrap();
+    assert_eq!(page.items.len(), 3);
+    let fields = FieldSelector::parse("metadata.name=p3").unwrap();
+    let page = reg.list(&pods, None, &ListOptions { fields, ..Default::default() }).unwrap();
+    assert_eq!(page.items.len(), 1);
+    let bad = FieldSelector::parse("spec.bogus=1").unwrap();
+    assert_eq!(reg.list(&pods, None, &ListOptions { fields: bad, ..Default::default() }).unwrap_err().code, 400);
+
+    let first = reg.list(&pods, Some("default"), &ListOptions { limit: Some(2), ..Default::default() }).unwrap();
+    assert_eq!((first.items.len(), first.remaining), (2, Some(3)));
+    let token = first.continue_token.expect("more pages");
+    let rest = ListOptions { limit: Some(10), continue_token: Some(token), ..Default::default() };
+    let second = reg.list(&pods, Some("default"), &rest).unwrap();
+    assert_eq!(second.items.len(), 3);
+    assert!(second.continue_token.is_none());
+}
+
+#[tokio::test]
+async fn watch_translates_selector_transitions() {
+    let (_d, reg) = registry().await;
+    let cms = res(&reg, "", "configmaps");
+    let opts = WatchOptions { labels: LabelSelector::parse("watched=yes").unwrap(), ..Default::default() };
+    let mut w = reg.watch(&cms, Some("default"), opts).unwrap();
+    reg.create(&cms, Some("default"), json!({"metadata": {"name": "w", "labels": {"watched": "no"}}}), &WriteOptions::default())
+        .await
+        .unwrap();
+    let on = br#"{"metadata":{"labels":{"watched":"yes"}}}"#;
+    reg.patch(&cms, Some("default"), "w", on, PatchType::Merge, None, &WriteOptions::default()).await.unwrap();
+    assert!(matches!(w.next().await.unwrap(), WatchItem::Added(_)));
+    let off = br#"{"metadata":{"labels":{"watched":"no"}}}"#;
+    reg.patch(&cms, Some("default"), "w", off, PatchType::Merge, None, &WriteOptions::default()).await.unwrap();
+    assert!(matches!(w.next().await.unwrap(), WatchItem::Deleted(_)));
+}
+
+#[tokio::test]
+async fn events_are_served_in_both_apis() {
+    let (_d, reg) = registry().await;
+    let core = res(&reg, "", "events");
+    let new = reg.find("events.k8s.io", "v1", "events").unwrap();
+    let ev = json!({"metadata": {"name": "e1"}, "involvedObject": {"kind": "Pod", "name": "p", "namespace": "default"},
+        "reason": "Started", "message": "hello", "type": "Normal", "count": 1});
+    reg.create(&core, Some("default"), ev, &WriteOptions::default()).await.unwrap();
+    let v = value(&reg.get(&new, Some("default"), "e1").unwrap());
+    assert_eq!(v["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(v["regarding"]["name"], "p");
+    assert_eq!(v["note"], "hello");
+    let fields = FieldSelector::parse("involvedObject.name=p,reason=Started").unwrap();
+    assert_eq!(reg.list(&core, Some("default"), &ListOptions { fields, ..Default::default() }).unwrap().items.len(), 1);
+}
+
+#[test]
+fn continue_tokens_round_trip_and_reject_garbage() {
+    let t = encode_continue(5, "pods/default/a", "pods/default/");
+    assert_eq!(decode_continue(&t, "pods/default/").unwrap(), "pods/default/a");
+    assert_eq!(decode_continue("!!!", "pods/").unwrap_err().code, 400);
+}
