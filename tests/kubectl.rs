@@ -1,0 +1,228 @@
+//! End-to-end: the real `cairn server` driven by the real kubectl 1.37.
+
+mod common;
+
+use common::{Server, eventually};
+
+const POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  containers:
+  - name: c
+    image: busybox
+    ports: [{containerPort: 80}]
+    env: [{name: A, value: "1"}]
+"#;
+
+const NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: n1
+  labels: {node-role.kubernetes.io/control-plane: "true"}
+status:
+  conditions: [{type: Ready, status: "True"}]
+  addresses: [{type: InternalIP, address: 192.0.2.10}]
+  nodeInfo: {kubeletVersion: v1.37.0, machineID: "", systemUUID: "", bootID: "", kernelVersion: "6.1.0",
+    osImage: "Debian GNU/Linux 12", containerRuntimeVersion: "containerd://1.6.20", kubeProxyVersion: "",
+    operatingSystem: linux, architecture: amd64}
+"#;
+
+fn header(out: &str) -> Vec<&str> {
+    out.lines().next().unwrap_or_default().split_whitespace().collect()
+}
+
+#[test]
+fn version_discovery_and_explain() {
+    let s = Server::start();
+    let v = s.ok(&["version"]);
+    assert!(v.contains("Server Version: v1.37.0+cairn"), "{v}");
+    let r = s.ok(&["api-resources"]);
+    for line in ["pods ", "nodes ", "namespaces ", "leases ", "configmaps ", "secrets ", "serviceaccounts ", "events "] {
+        assert!(r.contains(line), "{line} missing from api-resources:\n{r}");
+    }
+    assert!(r.lines().any(|l| l.starts_with("pods") && l.contains("po") && l.contains("true") && l.contains("Pod")));
+    let e = s.ok(&["explain", "pod.spec.containers"]);
+    assert!(e.contains("FIELD: containers <[]Container>"), "{e}");
+    assert!(e.contains("image\t<string>"), "{e}");
+    let ns = s.ok(&["get", "namespaces"]);
+    for n in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        assert!(ns.lines().any(|l| l.starts_with(n) && l.contains("Active")), "{n} missing:\n{ns}");
+    }
+    assert_eq!(header(&ns), ["NAME", "STATUS", "AGE"]);
+}
+
+#[test]
+fn pods_apply_get_patch_describe_delete() {
+    let s = Server::start();
+    assert!(s.ok_stdin(&["apply", "-f", "-"], POD).contains("pod/web created"));
+    let wide = s.ok(&["get", "pods", "-o", "wide"]);
+    assert_eq!(header(&wide), ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"]);
+    let row: Vec<&str> = wide.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!((row[0], row[1], row[2], row[3]), ("web", "0/1", "Pending", "0"));
+    assert_eq!(&row[5..], ["<none>", "<none>", "<none>", "<none>"]);
+
+    // Applying again with a change goes through a strategic merge patch.
+    let changed = POD.replace("image: busybox", "image: busybox:1.36");
+    assert!(s.ok_stdin(&["apply", "-f", "-"], &changed).contains("pod/web configured"));
+    assert_eq!(s.ok(&["get", "pod", "web", "-o", "jsonpath={.spec.containers[0].image}"]), "busybox:1.36");
+
+    s.ok(&["label", "pod", "web", "tier=front"]);
+    s.ok(&["annotate", "pod", "web", "note=hello"]);
+    s.ok(&["patch", "pod", "web", "--type=merge", "-p", r#"{"metadata":{"labels":{"m":"1"}}}"#]);
+    s.ok(&["patch", "pod", "web", "--type=json", "-p", r#"[{"op":"add","path":"/metadata/labels/j","value":"2"}]"#]);
+    s.ok(&["patch", "pod", "web", "-p", r#"{"spec":{"containers":[{"name":"c","image":"busybox:1.37"}]}}"#]);
+    let labels = s.ok(&["get", "pod", "web", "-o", "jsonpath={.metadata.labels}"]);
+    for l in [r#""tier":"front""#, r#""m":"1""#, r#""j":"2""#, r#""app":"web""#] {
+        assert!(labels.contains(l), "{l} missing from {labels}");
+    }
+    // The strategic merge kept the container's other fields and bumped the generation.
+    assert_eq!(
+        s.ok(&["get", "pod", "web", "-o", "jsonpath={.spec.containers[0].image} {.spec.containers[0].env[0].name} {.metadata.generation}"]),
+        "busybox:1.37 A 3"
+    );
+    assert_eq!(s.ok(&["get", "pods", "-l", "tier=front", "-o", "name"]).trim(), "pod/web");
+    assert_eq!(s.ok(&["get", "pods", "-l", "tier notin (front)", "-o", "name"]).trim(), "");
+    let cc = s.ok(&["get", "pods", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase,QOS:.status.qosClass"]);
+    assert!(cc.contains("web    Pending   BestEffort"), "{cc}");
+    let yaml = s.ok(&["get", "pod", "web", "-o", "yaml"]);
+    assert!(yaml.contains("schedulerName: default-scheduler") && yaml.contains("tolerationSeconds: 300"), "{yaml}");
+
+    let d = s.ok(&["describe", "pod", "web"]);
+    let field = |name: &str| d.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or_default();
+    assert_eq!(field("Status:"), "Pending", "{d}");
+    assert_eq!(field("QoS Class:"), "BestEffort", "{d}");
+    assert_eq!(field("Node:"), "<none>", "{d}");
+    assert!(d.contains("node.kubernetes.io/not-ready:NoExecute op=Exists for 300s"), "{d}");
+
+    // kubectl edit, with a non-interactive editor.
+    let edit = s.kubectl_edit(&["edit", "pod", "web"], "s/busybox:1.37/busybox:1.38/");
+    assert!(edit.contains("pod/web edited"), "{edit}");
+    assert_eq!(s.ok(&["get", "pod", "web", "-o", "jsonpath={.spec.containers[0].image}"]), "busybox:1.38");
+
+    // An unscheduled pod goes at once.
+    assert!(s.ok(&["delete", "pod", "web"]).contains("pod \"web\" deleted"));
+    assert!(s.fails(&["get", "pod", "web"]).contains("pods \"web\" not found"));
+}
+
+#[test]
+fn nodes_binding_and_graceful_deletion() {
+    let s = Server::start();
+    s.ok_stdin(&["apply", "-f", "-"], NODE);
+    let nodes = s.ok(&["get", "nodes"]);
+    assert_eq!(header(&nodes), ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]);
+    let row: Vec<&str> = nodes.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!((row[0], row[1], row[2], row[4]), ("n1", "Ready", "control-plane", "v1.37.0"));
+    let wide = s.ok(&["get", "nodes", "-o", "wide"]);
+    assert!(wide.contains("192.0.2.10") && wide.contains("containerd://1.6.20"), "{wide}");
+    s.ok(&["cordon", "n1"]);
+    assert!(s.ok(&["get", "nodes"]).contains("Ready,SchedulingDisabled"));
+
+    s.ok_stdin(&["apply", "-f", "-"], POD);
+    let binding = r#"{"apiVersion":"v1","kind":"Binding","metadata":{"name":"web"},"target":{"kind":"Node","name":"n1"}}"#;
+    let path = s.dir.path().join("binding.json");
+    std::fs::write(&path, binding).unwrap();
+    let raw = "/api/v1/namespaces/default/pods/web/binding";
+    s.ok(&["create", "--raw", raw, "-f", path.to_str().unwrap()]);
+    let again = s.fails(&["create", "--raw", raw, "-f", path.to_str().unwrap()]);
+    assert!(again.contains("already assigned to node"), "{again}");
+    assert_eq!(s.ok(&["get", "pod", "web", "-o", "jsonpath={.spec.nodeName}"]), "n1");
+    s.ok(&["wait", "--for=condition=PodScheduled", "pod/web", "--timeout=10s"]);
+
+    // A pod on a live node waits for the node to confirm: it shows Terminating.
+    s.ok(&["delete", "pod", "web", "--wait=false"]);
+    let pods = s.ok(&["get", "pods"]);
+    assert!(pods.contains("Terminating"), "{pods}");
+    assert_eq!(s.ok(&["get", "pod", "web", "-o", "jsonpath={.metadata.deletionGracePeriodSeconds}"]), "30");
+    // Deleting the node removes its pods.
+    s.ok(&["delete", "node", "n1"]);
+    eventually(10, || s.fails(&["get", "pod", "web"]).contains("not found").then_some(()));
+}
+
+#[test]
+fn watch_prints_changes() {
+    let s = Server::start();
+    s.ok_stdin(&["apply", "-f", "-"], POD);
+    let mut watch = std::process::Command::new(common::kubectl_path())
+        .args(["--kubeconfig", s.kubeconfig.to_str().unwrap(), "get", "pods", "-w", "--request-timeout=6s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    s.ok(&["label", "pod", "web", "x=y"]);
+    s.ok(&["delete", "pod", "web"]);
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(header(&text), ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], "{text}");
+    assert!(lines.len() >= 3, "expected the initial row and the changes:\n{text}");
+    assert!(lines[1..].iter().all(|l| l.starts_with("web ")), "{text}");
+}
+
+#[test]
+fn namespace_deletion_removes_contents() {
+    let s = Server::start();
+    s.ok_stdin(&["apply", "-f", "-"], "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n");
+    eventually(10, || s.kubectl(&["get", "sa", "default", "-n", "team"]).status.success().then_some(()));
+    s.ok_stdin(&["apply", "-n", "team", "-f", "-"], POD);
+    s.ok_stdin(&["apply", "-n", "team", "-f", "-"], "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n");
+    s.ok(&["delete", "namespace", "team", "--timeout=20s"]);
+    assert!(s.fails(&["get", "namespace", "team"]).contains("not found"));
+    // Recreating it starts empty.
+    s.ok_stdin(&["apply", "-f", "-"], "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n");
+    assert_eq!(s.ok(&["get", "cm,pods", "-n", "team", "-o", "name"]).trim(), "");
+}
+
+#[test]
+fn configmaps_secrets_and_service_accounts() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "apps"]);
+    s.ok(&["create", "configmap", "settings", "-n", "apps", "--from-literal=mode=fast", "--from-literal=level=3"]);
+    s.ok(&["create", "secret", "generic", "creds", "-n", "apps", "--from-literal=password=s3cret"]);
+    s.ok(&["create", "serviceaccount", "robot", "-n", "apps"]);
+    let cm = s.ok(&["get", "cm", "-n", "apps"]);
+    assert_eq!(header(&cm), ["NAME", "DATA", "AGE"]);
+    assert!(cm.lines().any(|l| l.starts_with("settings") && l.split_whitespace().nth(1) == Some("2")), "{cm}");
+    let sec = s.ok(&["get", "secrets", "-n", "apps"]);
+    assert_eq!(header(&sec), ["NAME", "TYPE", "DATA", "AGE"]);
+    assert!(sec.contains("creds") && sec.contains("Opaque"), "{sec}");
+    assert_eq!(s.ok(&["get", "secret", "creds", "-n", "apps", "-o", "jsonpath={.data.password}"]), "czNjcmV0");
+    let sa = s.ok(&["get", "sa", "-n", "apps", "-o", "name"]);
+    assert!(sa.contains("serviceaccount/robot") && sa.contains("serviceaccount/default"), "{sa}");
+    let dup = s.fails(&["create", "configmap", "settings", "-n", "apps"]);
+    assert!(dup.contains("AlreadyExists") || dup.contains("already exists"), "{dup}");
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let s = Server::start();
+    let no_image = POD.replace("    image: busybox\n", "");
+    let err = String::from_utf8_lossy(&s.kubectl_stdin(&["apply", "-f", "-"], &no_image).stderr).into_owned();
+    assert!(err.contains("spec.containers[0].image: Required value"), "{err}");
+    let unknown = POD.replace("  containers:", "  bogusField: 1\n  containers:");
+    let err = String::from_utf8_lossy(&s.kubectl_stdin(&["apply", "-f", "-"], &unknown).stderr).into_owned();
+    assert!(err.contains("unknown field \"spec.bogusField\""), "{err}");
+    assert!(s.fails(&["get", "pods", "-l", "a in (b"]).contains("unable to parse"));
+    assert!(s.fails(&["get", "pods", "--field-selector", "spec.bogus=1"]).contains("field label not supported"));
+    assert!(s.fails(&["get", "nosuchthings"]).contains("the server doesn't have a resource type"));
+    // Nothing was stored by the failures.
+    assert_eq!(s.ok(&["get", "pods", "-o", "name"]).trim(), "");
+}
+
+#[test]
+fn wrong_credentials_are_refused() {
+    let s = Server::start();
+    let out = std::process::Command::new(common::kubectl_path())
+        .args(["--server", &s.url, "--insecure-skip-tls-verify", "--token", "not-the-token", "get", "pods"])
+        .env("KUBECONFIG", s.dir.path().join("absent.yaml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Unauthorized") || err.contains("provide credentials"), "{err}");
+}
