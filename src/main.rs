@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the API server with its store, controllers and (soon) the node agent.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Measure cairn; see `cairn bench --help`.
     Bench(bench::BenchArgs),
 }
@@ -130,7 +130,7 @@ fn with_config_file(args: ServerArgs) -> Result<ServerArgs> {
     let extra = config_args(&path)?;
     argv.splice(pos..pos, extra);
     match Cli::try_parse_from(argv) {
-        Ok(Cli { command: Command::Server(a) }) => Ok(a),
+        Ok(Cli { command: Command::Server(a) }) => Ok(*a),
         Ok(_) => anyhow::bail!("unexpected command after reading {}", path.display()),
         Err(e) => anyhow::bail!("in the config file {}: {e}", path.display()),
     }
@@ -188,14 +188,15 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
 }
 
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Server(args) => run_server(args),
+        Command::Server(args) => run_server(*args),
         Command::Bench(args) => bench::run(args),
     };
     match result {

@@ -44,7 +44,8 @@ impl ServerConfig {
 /// Parses a `--write-kubeconfig-mode` value such as `0644` or `644` (octal, as k3s).
 pub fn parse_mode(s: &str) -> Result<u32> {
     let digits = s.trim_start_matches("0o");
-    let mode = u32::from_str_radix(digits, 8).with_context(|| format!("invalid write-kubeconfig-mode {s:?}: expected octal such as 0600"))?;
+    let mode = u32::from_str_radix(digits, 8)
+        .with_context(|| format!("invalid write-kubeconfig-mode {s:?}: expected octal such as 0600"))?;
     if mode > 0o777 {
         bail!("invalid write-kubeconfig-mode {s:?}: at most 0777");
     }
@@ -55,11 +56,7 @@ pub fn parse_mode(s: &str) -> Result<u32> {
 pub async fn run(cfg: ServerConfig) -> Result<()> {
     let shutdown = CancellationToken::new();
     let ready = start(cfg, shutdown.clone()).await?;
-    tracing::info!(
-        "cairn is ready: API at {}, kubeconfig at {}",
-        ready.url,
-        ready.kubeconfig.display()
-    );
+    tracing::info!("cairn is ready: API at {}, kubeconfig at {}", ready.url, ready.kubeconfig.display());
     wait_for_signal().await;
     tracing::info!("shutting down");
     shutdown.cancel();
@@ -78,13 +75,17 @@ pub struct Started {
 /// Starts every component; returns once the API answers and the kubeconfig is written.
 pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Started> {
     if !cfg.disable_agent {
-        tracing::info!("the node agent is not part of this build yet; running the control plane only");
+        tracing::info!(
+            "the node agent is not part of this build yet; node {} runs the control plane only",
+            cfg.node_name
+        );
     }
     std::fs::create_dir_all(cfg.data_dir.join("server"))
         .with_context(|| format!("creating the data directory {}", cfg.data_dir.display()))?;
 
-    let store = Store::open(&cfg.db_dir(), store::Options { cache_bytes: cfg.store_cache_mib << 20, ..Default::default() })
-        .with_context(|| format!("opening the store in {}", cfg.db_dir().display()))?;
+    let store =
+        Store::open(&cfg.db_dir(), store::Options { cache_bytes: cfg.store_cache_mib << 20, ..Default::default() })
+            .with_context(|| format!("opening the store in {}", cfg.db_dir().display()))?;
     tracing::info!("store opened at revision {}", store.revision());
 
     let hostname = hostname::get().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());

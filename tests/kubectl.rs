@@ -42,7 +42,8 @@ fn version_discovery_and_explain() {
     let v = s.ok(&["version"]);
     assert!(v.contains("Server Version: v1.37.0+cairn"), "{v}");
     let r = s.ok(&["api-resources"]);
-    for line in ["pods ", "nodes ", "namespaces ", "leases ", "configmaps ", "secrets ", "serviceaccounts ", "events "] {
+    for line in ["pods ", "nodes ", "namespaces ", "leases ", "configmaps ", "secrets ", "serviceaccounts ", "events "]
+    {
         assert!(r.contains(line), "{line} missing from api-resources:\n{r}");
     }
     assert!(r.lines().any(|l| l.starts_with("pods") && l.contains("po") && l.contains("true") && l.contains("Pod")));
@@ -61,7 +62,10 @@ fn pods_apply_get_patch_describe_delete() {
     let s = Server::start();
     assert!(s.ok_stdin(&["apply", "-f", "-"], POD).contains("pod/web created"));
     let wide = s.ok(&["get", "pods", "-o", "wide"]);
-    assert_eq!(header(&wide), ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"]);
+    assert_eq!(
+        header(&wide),
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"]
+    );
     let row: Vec<&str> = wide.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!((row[0], row[1], row[2], row[3]), ("web", "0/1", "Pending", "0"));
     assert_eq!(&row[5..], ["<none>", "<none>", "<none>", "<none>"]);
@@ -82,12 +86,19 @@ fn pods_apply_get_patch_describe_delete() {
     }
     // The strategic merge kept the container's other fields and bumped the generation.
     assert_eq!(
-        s.ok(&["get", "pod", "web", "-o", "jsonpath={.spec.containers[0].image} {.spec.containers[0].env[0].name} {.metadata.generation}"]),
+        s.ok(&[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.spec.containers[0].image} {.spec.containers[0].env[0].name} {.metadata.generation}"
+        ]),
         "busybox:1.37 A 3"
     );
     assert_eq!(s.ok(&["get", "pods", "-l", "tier=front", "-o", "name"]).trim(), "pod/web");
     assert_eq!(s.ok(&["get", "pods", "-l", "tier notin (front)", "-o", "name"]).trim(), "");
-    let cc = s.ok(&["get", "pods", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase,QOS:.status.qosClass"]);
+    let cc =
+        s.ok(&["get", "pods", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase,QOS:.status.qosClass"]);
     assert!(cc.contains("web    Pending   BestEffort"), "{cc}");
     let yaml = s.ok(&["get", "pod", "web", "-o", "yaml"]);
     assert!(yaml.contains("schedulerName: default-scheduler") && yaml.contains("tolerationSeconds: 300"), "{yaml}");
@@ -123,7 +134,8 @@ fn nodes_binding_and_graceful_deletion() {
     assert!(s.ok(&["get", "nodes"]).contains("Ready,SchedulingDisabled"));
 
     s.ok_stdin(&["apply", "-f", "-"], POD);
-    let binding = r#"{"apiVersion":"v1","kind":"Binding","metadata":{"name":"web"},"target":{"kind":"Node","name":"n1"}}"#;
+    let binding =
+        r#"{"apiVersion":"v1","kind":"Binding","metadata":{"name":"web"},"target":{"kind":"Node","name":"n1"}}"#;
     let path = s.dir.path().join("binding.json");
     std::fs::write(&path, binding).unwrap();
     let raw = "/api/v1/namespaces/default/pods/web/binding";
@@ -147,7 +159,7 @@ fn nodes_binding_and_graceful_deletion() {
 fn watch_prints_changes() {
     let s = Server::start();
     s.ok_stdin(&["apply", "-f", "-"], POD);
-    let mut watch = std::process::Command::new(common::kubectl_path())
+    let watch = std::process::Command::new(common::kubectl_path())
         .args(["--kubeconfig", s.kubeconfig.to_str().unwrap(), "get", "pods", "-w", "--request-timeout=6s"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -170,7 +182,10 @@ fn namespace_deletion_removes_contents() {
     s.ok_stdin(&["apply", "-f", "-"], "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n");
     eventually(10, || s.kubectl(&["get", "sa", "default", "-n", "team"]).status.success().then_some(()));
     s.ok_stdin(&["apply", "-n", "team", "-f", "-"], POD);
-    s.ok_stdin(&["apply", "-n", "team", "-f", "-"], "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n");
+    s.ok_stdin(
+        &["apply", "-n", "team", "-f", "-"],
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n",
+    );
     s.ok(&["delete", "namespace", "team", "--timeout=20s"]);
     assert!(s.fails(&["get", "namespace", "team"]).contains("not found"));
     // Recreating it starts empty.

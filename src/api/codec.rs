@@ -61,9 +61,7 @@ pub fn negotiate(headers: &HeaderMap, include: Option<&str>) -> Result<Format, S
             _ => continue,
         }
     }
-    Err(StatusError::not_acceptable(
-        "only the following media types are accepted: application/json, application/yaml",
-    ))
+    Err(StatusError::not_acceptable("only the following media types are accepted: application/json, application/yaml"))
 }
 
 /// Parses a request body as JSON or YAML according to `Content-Type`.
@@ -157,7 +155,12 @@ pub fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
 }
 
 /// A server-side `Table` of `items` (each the JSON of one object).
-pub fn table(r: &Resource, items: &[Bytes], include: IncludeObject, list_meta: Map<String, Value>) -> Result<Value, StatusError> {
+pub fn table(
+    r: &Resource,
+    items: &[Bytes],
+    include: IncludeObject,
+    list_meta: Map<String, Value>,
+) -> Result<Value, StatusError> {
     let columns: Vec<Value> = r
         .columns()
         .iter()
@@ -266,14 +269,19 @@ mod tests {
 
     #[test]
     fn kubectl_get_asks_for_tables() {
-        let h = accept("application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json");
+        let h = accept(
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
+        );
         assert_eq!(negotiate(&h, None).unwrap(), Format::Table(IncludeObject::Metadata));
         assert_eq!(negotiate(&h, Some("Object")).unwrap(), Format::Table(IncludeObject::Object));
     }
 
     #[test]
     fn protobuf_falls_back_to_json_and_unknown_is_406() {
-        assert_eq!(negotiate(&accept("application/vnd.kubernetes.protobuf, application/json"), None).unwrap(), Format::Json);
+        assert_eq!(
+            negotiate(&accept("application/vnd.kubernetes.protobuf, application/json"), None).unwrap(),
+            Format::Json
+        );
         assert_eq!(negotiate(&accept("application/yaml"), None).unwrap(), Format::Yaml);
         assert_eq!(negotiate(&accept("text/html"), None).unwrap_err().code, 406);
     }

@@ -169,7 +169,8 @@ pub fn aggregated(resources: &[Resource], core: bool, api_version: &str) -> Valu
             json!({"metadata": meta, "versions": [{"version": v, "resources": res, "freshness": "Current"}]})
         })
         .collect();
-    let version = if api_version.contains("v2beta1") { "apidiscovery.k8s.io/v2beta1" } else { "apidiscovery.k8s.io/v2" };
+    let version =
+        if api_version.contains("v2beta1") { "apidiscovery.k8s.io/v2beta1" } else { "apidiscovery.k8s.io/v2" };
     json!({"kind": "APIGroupDiscoveryList", "apiVersion": version, "metadata": {}, "items": items})
 }
 
@@ -182,7 +183,8 @@ mod tests {
     fn core_resources_are_listed_with_subresources() {
         let all = kinds::all();
         let list = resource_list(&all, "", "v1").unwrap();
-        let names: Vec<&str> = list["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
+        let names: Vec<&str> =
+            list["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
         for n in ["pods", "pods/status", "pods/binding", "nodes", "nodes/status", "namespaces/finalize", "events"] {
             assert!(names.contains(&n), "{n} missing from {names:?}");
         }
@@ -198,10 +200,18 @@ mod tests {
         let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
         assert_eq!(names, vec!["coordination.k8s.io", "events.k8s.io"]);
         let agg = aggregated(&all, true, AGGREGATED_V2);
-        let pods = agg["items"][0]["versions"][0]["resources"].as_array().unwrap().iter().find(|r| r["resource"] == "pods").unwrap();
+        let pods = agg["items"][0]["versions"][0]["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resource"] == "pods")
+            .unwrap();
         assert_eq!(pods["scope"], "Namespaced");
         assert_eq!(pods["shortNames"], json!(["po"]));
-        assert_eq!(wants_aggregated("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"), Some(AGGREGATED_V2));
+        assert_eq!(
+            wants_aggregated("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"),
+            Some(AGGREGATED_V2)
+        );
         assert_eq!(wants_aggregated("application/json"), None);
     }
 }

@@ -177,7 +177,13 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
 }
 
 /// Entry point for every resource path.
-pub async fn dispatch(State(state): State<Arc<AppState>>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+pub async fn dispatch(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     match serve(&state, method, uri, headers, body).await {
         Ok(resp) => resp,
         Err(e) => codec::error(&e),
@@ -205,10 +211,8 @@ async fn serve(state: &AppState, method: Method, uri: Uri, headers: HeaderMap, b
             let format = codec::negotiate(&headers, None)?;
             let obj = codec::parse_body(&headers, &body)?;
             let opts = query.write_options()?;
-            let w = state
-                .registry
-                .update(&t.resource, t.namespace.as_deref(), name, obj, t.sub.as_deref(), &opts)
-                .await?;
+            let w =
+                state.registry.update(&t.resource, t.namespace.as_deref(), name, obj, t.sub.as_deref(), &opts).await?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, w.object, &w.warnings))
         }
         (&Method::PATCH, Some(name), None | Some("status")) => patch(state, t, name, &query, &headers, &body).await,
@@ -231,14 +235,23 @@ async fn bind(state: &AppState, t: &Target, name: &str, headers: &HeaderMap, bod
     if let Some(kind) = binding.get("kind").and_then(Value::as_str)
         && kind != "Binding"
     {
-        return Err(StatusError::bad_request(format!("the kind in the data ({kind}) does not match the expected kind (Binding)")));
+        return Err(StatusError::bad_request(format!(
+            "the kind in the data ({kind}) does not match the expected kind (Binding)"
+        )));
     }
     let ns = t.namespace.as_deref().unwrap_or("default");
     state.registry.bind(ns, name, &binding).await?;
     Ok(codec::success(StatusCode::CREATED, None))
 }
 
-async fn patch(state: &AppState, t: &Target, name: &str, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
+async fn patch(
+    state: &AppState,
+    t: &Target,
+    name: &str,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
     let opts = q.write_options()?;
     let ct = codec::content_type(headers);
@@ -289,9 +302,7 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<DeleteO
         if let Some(kind) = v.get("kind").and_then(Value::as_str)
             && kind != "DeleteOptions"
         {
-            return Err(StatusError::bad_request(format!(
-                "the request body must be DeleteOptions, not {kind}"
-            )));
+            return Err(StatusError::bad_request(format!("the request body must be DeleteOptions, not {kind}")));
         }
         opts.grace_period_seconds = v.get("gracePeriodSeconds").and_then(Value::as_i64);
         opts.propagation = v.get("propagationPolicy").and_then(Value::as_str).map(str::to_string);
@@ -319,7 +330,14 @@ fn orphan_policy(orphan: Option<bool>) -> Option<String> {
     orphan.map(|o| if o { "Orphan".to_string() } else { "Background".to_string() })
 }
 
-async fn delete(state: &AppState, t: &Target, name: &str, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
+async fn delete(
+    state: &AppState,
+    t: &Target,
+    name: &str,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
     let opts = delete_options(q, headers, body)?;
     let r = &t.resource;
@@ -341,7 +359,13 @@ async fn delete(state: &AppState, t: &Target, name: &str, q: &Query, headers: &H
     }
 }
 
-async fn delete_collection(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
+async fn delete_collection(
+    state: &AppState,
+    t: &Target,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
     let opts = delete_options(q, headers, body)?;
     let (labels, fields) = q.selectors()?;
@@ -384,7 +408,8 @@ fn list_response(r: &Resource, format: Format, items: Vec<Bytes>, meta: Map<Stri
         Format::Table(include) => Ok(codec::json_value(StatusCode::OK, &codec::table(r, &items, include, meta)?)),
         Format::Json | Format::Yaml => {
             // Items are already encoded; splice them instead of re-encoding the whole list.
-            let head = json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": meta}).to_string();
+            let head =
+                json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": meta}).to_string();
             let mut out = BytesMut::with_capacity(head.len() + items.iter().map(|i| i.len() + 1).sum::<usize>() + 16);
             out.put_slice(&head.as_bytes()[..head.len() - 1]);
             out.put_slice(b",\"items\":[");
@@ -459,24 +484,20 @@ fn watch(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result
 
 /// The next encoded line of a watch, or `None` when the watch ends.
 async fn next_chunk(st: &mut WatchStream) -> Option<Bytes> {
-    loop {
-        let bookmark_at = if st.bookmarks { st.next_bookmark } else { st.deadline };
-        tokio::select! {
-            item = st.watch.next() => {
-                return Some(match item {
-                    Ok(item) => encode_event(st, item),
-                    Err(e) => {
-                        st.done = true;
-                        event_line("ERROR", &serde_json::to_vec(&codec::status_body(&e)).unwrap_or_default())
-                    }
-                });
+    let bookmark_at = if st.bookmarks { st.next_bookmark } else { st.deadline };
+    tokio::select! {
+        item = st.watch.next() => Some(match item {
+            Ok(item) => encode_event(st, item),
+            Err(e) => {
+                st.done = true;
+                event_line("ERROR", &serde_json::to_vec(&codec::status_body(&e)).unwrap_or_default())
             }
-            _ = tokio::time::sleep_until(st.deadline) => return None,
-            _ = tokio::time::sleep_until(bookmark_at), if st.bookmarks => {
-                st.next_bookmark = Instant::now() + BOOKMARK_EVERY;
-                let revision = st.watch.revision();
-                return Some(encode_event(st, WatchItem::Bookmark { revision, initial_end: false }));
-            }
+        }),
+        _ = tokio::time::sleep_until(st.deadline) => None,
+        _ = tokio::time::sleep_until(bookmark_at), if st.bookmarks => {
+            st.next_bookmark = Instant::now() + BOOKMARK_EVERY;
+            let revision = st.watch.revision();
+            Some(encode_event(st, WatchItem::Bookmark { revision, initial_end: false }))
         }
     }
 }

@@ -72,6 +72,9 @@ pub struct AppState {
     openapi: OnceLock<OpenApiDocs>,
 }
 
+/// Adds one kind's schema to an OpenAPI generator.
+type SchemaFn = Box<dyn Fn(&mut schemars::SchemaGenerator) -> schemars::Schema>;
+
 struct OpenApiDocs {
     v2: Bytes,
     v3_index: Bytes,
@@ -87,17 +90,16 @@ impl AppState {
     fn openapi(&self) -> &OpenApiDocs {
         self.openapi.get_or_init(|| {
             let resources = self.registry.resources();
-            let schemas: Vec<Box<dyn Fn(&mut schemars::SchemaGenerator) -> schemars::Schema>> = resources
+            let schema_fns: Vec<SchemaFn> = resources
                 .iter()
                 .map(|r| {
                     let r = r.clone();
-                    Box::new(move |g: &mut schemars::SchemaGenerator| r.schema(g))
-                        as Box<dyn Fn(&mut schemars::SchemaGenerator) -> schemars::Schema>
+                    Box::new(move |g: &mut schemars::SchemaGenerator| r.schema(g)) as SchemaFn
                 })
                 .collect();
             let docs: Vec<openapi::ResourceDoc<'_>> = resources
                 .iter()
-                .zip(&schemas)
+                .zip(&schema_fns)
                 .map(|(r, s)| openapi::ResourceDoc { info: r.info(), merge_keys: r.merge_keys(), schema: s.as_ref() })
                 .collect();
             let encode = |v: &Value| Bytes::from(serde_json::to_vec(v).unwrap_or_default());
@@ -187,8 +189,12 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
     };
     match user {
         Some(u) => {
+            let (method, path) = (req.method().clone(), req.uri().path().to_string());
+            let (name, groups) = (u.name.clone(), u.groups.clone());
             req.extensions_mut().insert(u);
-            next.run(req).await
+            let resp = next.run(req).await;
+            tracing::debug!(user = %name, ?groups, %method, %path, status = resp.status().as_u16(), "request");
+            resp
         }
         None if is_public(req.uri().path()) => next.run(req).await,
         None => StatusError::unauthorized().into_response(),
@@ -246,7 +252,10 @@ async fn group_root(State(state): State<Arc<AppState>>, Path(group): Path<String
     }
 }
 
-async fn group_resources(State(state): State<Arc<AppState>>, Path((group, version)): Path<(String, String)>) -> Response {
+async fn group_resources(
+    State(state): State<Arc<AppState>>,
+    Path((group, version)): Path<(String, String)>,
+) -> Response {
     match discovery::resource_list(state.registry.resources(), &group, &version) {
         Some(v) => codec::json_value(StatusCode::OK, &v),
         None => StatusError::no_route().into_response(),

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType, string::Ia5String,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, string::Ia5String,
 };
 use rustls::RootCertStore;
 use rustls::client::WebPkiServerVerifier;
@@ -55,42 +55,25 @@ const ADMIN_GROUP: &str = "system:masters";
 pub enum Error {
     /// A file system step failed on `path`.
     #[error("{step} {}: {cause}", path.display())]
-    Io {
-        step: &'static str,
-        path: PathBuf,
-        cause: io::Error,
-    },
+    Io { step: &'static str, path: PathBuf, cause: io::Error },
     /// An existing file cannot be used; the CA is never replaced silently.
     #[error("{} is unusable: {reason}", path.display())]
     Unusable { path: PathBuf, reason: String },
     /// Key or certificate generation failed.
     #[error("generating {what} for {}: {cause}", path.display())]
-    Generate {
-        what: &'static str,
-        path: PathBuf,
-        cause: rcgen::Error,
-    },
+    Generate { what: &'static str, path: PathBuf, cause: rcgen::Error },
     /// A `--tls-san` entry is neither an IP address nor a DNS name.
     #[error("invalid TLS SAN {0:?}: neither an IP address nor a DNS name")]
     InvalidSan(String),
     /// rustls rejected the TLS configuration or serving key.
     #[error("{step}: {cause}")]
-    Tls {
-        step: &'static str,
-        cause: rustls::Error,
-    },
+    Tls { step: &'static str, cause: rustls::Error },
     /// The client certificate verifier could not be built.
     #[error("building the client certificate verifier for {}: {cause}", path.display())]
-    Verifier {
-        path: PathBuf,
-        cause: rustls::server::VerifierBuilderError,
-    },
+    Verifier { path: PathBuf, cause: rustls::server::VerifierBuilderError },
     /// The kubeconfig could not be serialized.
     #[error("rendering kubeconfig {}: {cause}", path.display())]
-    Kubeconfig {
-        path: PathBuf,
-        cause: serde_yaml::Error,
-    },
+    Kubeconfig { path: PathBuf, cause: serde_yaml::Error },
 }
 
 /// Result type of this module.
@@ -108,7 +91,6 @@ fn provider() -> Arc<CryptoProvider> {
 /// The cluster CA: its certificate and the issuer used to sign leaves.
 struct Ca {
     cert_pem: String,
-    cert_der: CertificateDer<'static>,
     issuer: Issuer<'static, KeyPair>,
     roots: Arc<RootCertStore>,
     path: PathBuf,
@@ -171,9 +153,7 @@ pub struct Pki {
 
 impl fmt::Debug for Pki {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pki")
-            .field("dir", &self.dir)
-            .finish_non_exhaustive()
+        f.debug_struct("Pki").field("dir", &self.dir).finish_non_exhaustive()
     }
 }
 
@@ -184,26 +164,14 @@ impl Pki {
     /// The serving certificate covers `localhost`, the loopback addresses,
     /// `hostname`, `node_ips`, the in-cluster `kubernetes` service names and
     /// every entry of `tls_sans` (IP address or DNS name).
-    pub fn load_or_create(
-        dir: &Path,
-        hostname: &str,
-        node_ips: &[IpAddr],
-        tls_sans: &[String],
-    ) -> Result<Self> {
+    pub fn load_or_create(dir: &Path, hostname: &str, node_ips: &[IpAddr], tls_sans: &[String]) -> Result<Self> {
         let sans = wanted_sans(hostname, node_ips, tls_sans)?;
         create_private_dir(dir)?;
         let (ca, ca_created) = load_or_create_ca(dir)?;
         let (serving, _) = check_or_issue(dir, &ca, LeafKind::Serving, &sans, ca_created)?;
         let (admin, _) = check_or_issue(dir, &ca, LeafKind::Admin, &[], ca_created)?;
         let resolver = Arc::new(ServingCertResolver::new(certified_key(dir, &serving)?));
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            sans,
-            ca,
-            admin: RwLock::new(admin),
-            resolver,
-            renewal: Mutex::new(()),
-        })
+        Ok(Self { dir: dir.to_path_buf(), sans, ca, admin: RwLock::new(admin), resolver, renewal: Mutex::new(()) })
     }
 
     /// Re-checks the leaf certificates on disk and re-issues those that need it,
@@ -211,10 +179,8 @@ impl Pki {
     /// whether anything was re-issued; the caller should then rewrite kubeconfigs.
     pub fn renew_if_needed(&self) -> Result<bool> {
         let _guard = self.renewal.lock().unwrap_or_else(PoisonError::into_inner);
-        let (serving, serving_renewed) =
-            check_or_issue(&self.dir, &self.ca, LeafKind::Serving, &self.sans, false)?;
-        let (admin, admin_renewed) =
-            check_or_issue(&self.dir, &self.ca, LeafKind::Admin, &[], false)?;
+        let (serving, serving_renewed) = check_or_issue(&self.dir, &self.ca, LeafKind::Serving, &self.sans, false)?;
+        let (admin, admin_renewed) = check_or_issue(&self.dir, &self.ca, LeafKind::Admin, &[], false)?;
         if serving_renewed {
             self.resolver.set(certified_key(&self.dir, &serving)?);
         }
@@ -227,11 +193,7 @@ impl Pki {
     /// Runs [`Pki::renew_if_needed`] every `every`, calling `on_renewed` after a
     /// renewal (e.g. to rewrite the admin kubeconfig). Must be called inside a
     /// Tokio runtime.
-    pub fn spawn_renewal<F>(
-        self: Arc<Self>,
-        every: std::time::Duration,
-        on_renewed: F,
-    ) -> tokio::task::JoinHandle<()>
+    pub fn spawn_renewal<F>(self: Arc<Self>, every: std::time::Duration, on_renewed: F) -> tokio::task::JoinHandle<()>
     where
         F: Fn(&Pki) + Send + Sync + 'static,
     {
@@ -265,29 +227,17 @@ impl Pki {
     /// the hot-swappable serving certificate.
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
         let provider = provider();
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(self.ca.roots.clone(), provider.clone())
-                .allow_unauthenticated()
-                .build()
-                .map_err(|cause| Error::Verifier {
-                    path: self.ca.path.clone(),
-                    cause,
-                })?;
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.ca.roots.clone(), provider.clone())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|cause| Error::Verifier { path: self.ca.path.clone(), cause })?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|cause| Error::Tls {
-                step: "selecting TLS versions for the API server",
-                cause,
-            })?
+            .map_err(|cause| Error::Tls { step: "selecting TLS versions for the API server", cause })?
             .with_client_cert_verifier(verifier)
             .with_cert_resolver(self.resolver.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
-    }
-
-    /// The directory holding the TLS material.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// The CA certificate, PEM-encoded.
@@ -296,8 +246,9 @@ impl Pki {
     }
 
     /// The CA certificate, DER-encoded.
-    pub fn ca_der(&self) -> &CertificateDer<'static> {
-        &self.ca.cert_der
+    #[cfg(test)]
+    fn ca_der(&self) -> CertificateDer<'static> {
+        CertificateDer::from_pem_slice(self.ca.cert_pem.as_bytes()).expect("the CA certificate is valid PEM")
     }
 
     /// The current admin client certificate and private key, PEM-encoded.
@@ -307,7 +258,8 @@ impl Pki {
     }
 
     /// The resolver serving the current serving certificate.
-    pub fn serving_resolver(&self) -> Arc<ServingCertResolver> {
+    #[cfg(test)]
+    fn serving_resolver(&self) -> Arc<ServingCertResolver> {
         self.resolver.clone()
     }
 }
@@ -327,10 +279,7 @@ impl ServingCertResolver {
 
     /// The certificate and key handed to new connections.
     pub fn current(&self) -> Arc<CertifiedKey> {
-        self.0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
@@ -346,11 +295,7 @@ pub fn client_identity(certs: &[CertificateDer<'_>]) -> Option<(String, Vec<Stri
     let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?).ok()?;
     let subject = cert.subject();
     let user = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok())
-        .map(str::to_owned)
-        .collect();
+    let groups = subject.iter_organization().filter_map(|o| o.as_str().ok()).map(str::to_owned).collect();
     Some((user, groups))
 }
 
@@ -383,10 +328,7 @@ pub fn write_kubeconfig(path: &Path, mode: u32, server_url: &str, pki: &Pki) -> 
             },
         }],
     });
-    let yaml = serde_yaml::to_string(&config).map_err(|cause| Error::Kubeconfig {
-        path: path.to_path_buf(),
-        cause,
-    })?;
+    let yaml = serde_yaml::to_string(&config).map_err(|cause| Error::Kubeconfig { path: path.to_path_buf(), cause })?;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(io_error("creating directory", parent))?;
     }
@@ -429,9 +371,7 @@ fn parse_san(raw: &str) -> Option<Result<SanType>> {
     if let Ok(ip) = bare.parse::<IpAddr>() {
         return Some(Ok(SanType::IpAddress(ip)));
     }
-    let valid = name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '*'));
+    let valid = name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '*'));
     Some(match Ia5String::try_from(name.to_ascii_lowercase()) {
         Ok(dns) if valid => Ok(SanType::DnsName(dns)),
         _ => Err(Error::InvalidSan(raw.to_owned())),
@@ -456,17 +396,13 @@ fn create_private_dir(dir: &Path) -> Result<()> {
         }
         _ => {}
     }
-    fs::set_permissions(dir, Permissions::from_mode(0o700))
-        .map_err(io_error("restricting permissions of", dir))
+    fs::set_permissions(dir, Permissions::from_mode(0o700)).map_err(io_error("restricting permissions of", dir))
 }
 
 /// Writes `contents` to a temporary file created with `mode`, then renames it
 /// over `path`.
 fn write_atomic(path: &Path, mode: u32, contents: &[u8]) -> Result<()> {
-    let name = path
-        .file_name()
-        .unwrap_or(path.as_os_str())
-        .to_string_lossy();
+    let name = path.file_name().unwrap_or(path.as_os_str()).to_string_lossy();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let _ = fs::remove_file(&tmp);
     let written = (|| {
@@ -477,10 +413,8 @@ fn write_atomic(path: &Path, mode: u32, contents: &[u8]) -> Result<()> {
             .open(&tmp)
             .map_err(io_error("creating", &tmp))?;
         // The umask may have narrowed `mode`; apply it exactly before writing.
-        file.set_permissions(Permissions::from_mode(mode))
-            .map_err(io_error("setting permissions of", &tmp))?;
-        file.write_all(contents)
-            .map_err(io_error("writing", &tmp))?;
+        file.set_permissions(Permissions::from_mode(mode)).map_err(io_error("setting permissions of", &tmp))?;
+        file.write_all(contents).map_err(io_error("writing", &tmp))?;
         file.sync_all().map_err(io_error("syncing", &tmp))?;
         fs::rename(&tmp, path).map_err(io_error("renaming into place", path))
     })();
@@ -519,14 +453,11 @@ fn dn(common_name: &str, organization: Option<&str>) -> DistinguishedName {
 /// Returns whether it was created.
 fn load_or_create_ca(dir: &Path) -> Result<(Ca, bool)> {
     let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
-    let unusable = |path: &Path, reason: String| Error::Unusable {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let unusable = |path: &Path, reason: String| Error::Unusable { path: path.to_path_buf(), reason };
     let missing = match (read_if_exists(&cert_path)?, read_if_exists(&key_path)?) {
         (Some(cert_pem), Some(key_pem)) => {
-            let key = KeyPair::from_pem(&key_pem)
-                .map_err(|e| unusable(&key_path, format!("parsing the CA key: {e}")))?;
+            let key =
+                KeyPair::from_pem(&key_pem).map_err(|e| unusable(&key_path, format!("parsing the CA key: {e}")))?;
             let cert_der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
                 .map_err(|e| unusable(&cert_path, format!("parsing the CA certificate: {e}")))?;
             let (_, cert) = x509_parser::parse_x509_certificate(&cert_der)
@@ -537,10 +468,7 @@ fn load_or_create_ca(dir: &Path) -> Result<(Ca, bool)> {
             }
             let expires = cert.validity().not_after;
             if expires.timestamp() < (OffsetDateTime::now_utc() + RENEW_BEFORE).unix_timestamp() {
-                warn!(
-                    "cluster CA {} expires at {expires}; it is never renewed automatically",
-                    cert_path.display()
-                );
+                warn!("cluster CA {} expires at {expires}; it is never renewed automatically", cert_path.display());
             }
             let issuer = Issuer::from_ca_cert_der(&cert_der, key)
                 .map_err(|e| unusable(&cert_path, format!("loading the CA certificate: {e}")))?;
@@ -549,21 +477,14 @@ fn load_or_create_ca(dir: &Path) -> Result<(Ca, bool)> {
         (None, _) => CA_CERT,
         (Some(_), None) => CA_KEY,
     };
-    info!(
-        "creating a new cluster CA in {} because {missing} is missing",
-        dir.display()
-    );
+    info!("creating a new cluster CA in {} because {missing} is missing", dir.display());
     let key = new_key(&key_path)?;
     let now = OffsetDateTime::now_utc();
     let mut params = CertificateParams::default();
     let common_name = format!("cairn-server-ca@{}", now.unix_timestamp());
     params.distinguished_name = dn(&common_name, None);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params.not_before = now - BACKDATE;
     params.not_after = now + CA_VALIDITY;
     let cert = params.self_signed(&key).map_err(|cause| Error::Generate {
@@ -574,10 +495,7 @@ fn load_or_create_ca(dir: &Path) -> Result<(Ca, bool)> {
     write_atomic(&key_path, 0o600, key.serialize_pem().as_bytes())?;
     write_atomic(&cert_path, 0o644, cert.pem().as_bytes())?;
     let issuer = Issuer::new(params, key);
-    Ok((
-        Ca::new(cert_path, cert.pem(), cert.der().clone(), issuer)?,
-        true,
-    ))
+    Ok((Ca::new(cert_path, cert.pem(), cert.der().clone(), issuer)?, true))
 }
 
 impl Ca {
@@ -588,29 +506,17 @@ impl Ca {
         issuer: Issuer<'static, KeyPair>,
     ) -> Result<Self> {
         let mut roots = RootCertStore::empty();
-        roots.add(cert_der.clone()).map_err(|e| Error::Unusable {
+        roots.add(cert_der).map_err(|e| Error::Unusable {
             path: path.clone(),
             reason: format!("using the CA certificate as trust anchor: {e}"),
         })?;
-        Ok(Self {
-            cert_pem,
-            cert_der,
-            issuer,
-            roots: Arc::new(roots),
-            path,
-        })
+        Ok(Self { cert_pem, issuer, roots: Arc::new(roots), path })
     }
 }
 
 /// Loads a leaf, re-issuing it when needed (always when `force` is set).
 /// Returns the leaf and whether it was issued.
-fn check_or_issue(
-    dir: &Path,
-    ca: &Ca,
-    kind: LeafKind,
-    sans: &[SanType],
-    force: bool,
-) -> Result<(Leaf, bool)> {
+fn check_or_issue(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType], force: bool) -> Result<(Leaf, bool)> {
     let cert_path = kind.cert_path(dir);
     let reason = if force {
         "the cluster CA was regenerated".to_owned()
@@ -620,11 +526,7 @@ fn check_or_issue(
             Err(reason) => reason,
         }
     };
-    info!(
-        "issuing a new {} {} because {reason}",
-        kind.describe(),
-        cert_path.display()
-    );
+    info!("issuing a new {} {} because {reason}", kind.describe(), cert_path.display());
     let leaf = issue_leaf(dir, ca, kind, sans, LEAF_VALIDITY)?;
     write_leaf(dir, kind, &leaf)?;
     Ok((leaf, true))
@@ -634,39 +536,26 @@ fn check_or_issue(
 fn check_leaf(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType]) -> Result<Leaf, String> {
     let read = |path: PathBuf| match fs::read_to_string(&path) {
         Ok(text) => Ok(text),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            Err(format!("{} does not exist", path.display()))
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(format!("{} does not exist", path.display())),
         Err(e) => Err(format!("{} is unreadable: {e}", path.display())),
     };
-    let leaf = Leaf {
-        cert_pem: read(kind.cert_path(dir))?,
-        key_pem: read(kind.key_path(dir))?,
-    };
+    let leaf = Leaf { cert_pem: read(kind.cert_path(dir))?, key_pem: read(kind.key_path(dir))? };
     let corrupt = |what: &str, e: String| format!("the {what} is corrupt: {e}");
     let cert_der = leaf.cert_der().map_err(|e| corrupt("certificate", e))?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&cert_der)
-        .map_err(|e| corrupt("certificate", e.to_string()))?;
-    let key =
-        KeyPair::from_pem(&leaf.key_pem).map_err(|e| corrupt("private key", e.to_string()))?;
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(&cert_der).map_err(|e| corrupt("certificate", e.to_string()))?;
+    let key = KeyPair::from_pem(&leaf.key_pem).map_err(|e| corrupt("private key", e.to_string()))?;
     if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
         return Err("the private key does not match the certificate".to_owned());
     }
     let expires = cert.validity().not_after;
     if expires.timestamp() < (OffsetDateTime::now_utc() + RENEW_BEFORE).unix_timestamp() {
-        return Err(format!(
-            "it expires at {expires}, within {} days",
-            RENEW_BEFORE.whole_days()
-        ));
+        return Err(format!("it expires at {expires}, within {} days", RENEW_BEFORE.whole_days()));
     }
     match kind {
         LeafKind::Serving => {
             let present = cert_sans(&cert);
-            let missing: Vec<String> = sans
-                .iter()
-                .filter(|san| !present.contains(san))
-                .map(san_to_string)
-                .collect();
+            let missing: Vec<String> = sans.iter().filter(|san| !present.contains(san)).map(san_to_string).collect();
             if !missing.is_empty() {
                 return Err(format!("it does not cover {}", missing.join(", ")));
             }
@@ -678,8 +567,7 @@ fn check_leaf(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType]) -> Result<L
             }
         }
     }
-    verify_leaf(ca, kind, &cert_der)
-        .map_err(|e| format!("it does not verify against the cluster CA: {e}"))?;
+    verify_leaf(ca, kind, &cert_der).map_err(|e| format!("it does not verify against the cluster CA: {e}"))?;
     Ok(leaf)
 }
 
@@ -688,20 +576,16 @@ fn verify_leaf(ca: &Ca, kind: LeafKind, cert: &CertificateDer<'_>) -> Result<(),
     let now = UnixTime::now();
     match kind {
         LeafKind::Serving => {
-            let verifier =
-                WebPkiServerVerifier::builder_with_provider(ca.roots.clone(), provider())
-                    .build()
-                    .map_err(|e| e.to_string())?;
+            let verifier = WebPkiServerVerifier::builder_with_provider(ca.roots.clone(), provider())
+                .build()
+                .map_err(|e| e.to_string())?;
             let name = ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
-            verifier
-                .verify_server_cert(cert, &[], &name, &[], now)
-                .map(drop)
+            verifier.verify_server_cert(cert, &[], &name, &[], now).map(drop)
         }
         LeafKind::Admin => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(ca.roots.clone(), provider())
-                    .build()
-                    .map_err(|e| e.to_string())?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(ca.roots.clone(), provider())
+                .build()
+                .map_err(|e| e.to_string())?;
             verifier.verify_client_cert(cert, &[], now).map(drop)
         }
     }
@@ -717,16 +601,10 @@ fn cert_sans(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<SanTyp
         .general_names
         .iter()
         .filter_map(|name| match name {
-            GeneralName::DNSName(dns) => Ia5String::try_from(dns.to_ascii_lowercase())
-                .ok()
-                .map(SanType::DnsName),
+            GeneralName::DNSName(dns) => Ia5String::try_from(dns.to_ascii_lowercase()).ok().map(SanType::DnsName),
             GeneralName::IPAddress(bytes) => match bytes.len() {
-                4 => <[u8; 4]>::try_from(*bytes)
-                    .ok()
-                    .map(|b| SanType::IpAddress(Ipv4Addr::from(b).into())),
-                16 => <[u8; 16]>::try_from(*bytes)
-                    .ok()
-                    .map(|b| SanType::IpAddress(Ipv6Addr::from(b).into())),
+                4 => <[u8; 4]>::try_from(*bytes).ok().map(|b| SanType::IpAddress(Ipv4Addr::from(b).into())),
+                16 => <[u8; 16]>::try_from(*bytes).ok().map(|b| SanType::IpAddress(Ipv6Addr::from(b).into())),
                 _ => None,
             },
             _ => None,
@@ -735,13 +613,7 @@ fn cert_sans(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<SanTyp
 }
 
 /// Issues a new key and certificate for `kind`, signed by the CA.
-fn issue_leaf(
-    dir: &Path,
-    ca: &Ca,
-    kind: LeafKind,
-    sans: &[SanType],
-    validity: time::Duration,
-) -> Result<Leaf> {
+fn issue_leaf(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType], validity: time::Duration) -> Result<Leaf> {
     let key = new_key(&kind.key_path(dir))?;
     let now = OffsetDateTime::now_utc();
     let mut params = CertificateParams::default();
@@ -760,17 +632,12 @@ fn issue_leaf(
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         }
     }
-    let cert = params
-        .signed_by(&key, &ca.issuer)
-        .map_err(|cause| Error::Generate {
-            what: kind.describe(),
-            path: kind.cert_path(dir),
-            cause,
-        })?;
-    Ok(Leaf {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    let cert = params.signed_by(&key, &ca.issuer).map_err(|cause| Error::Generate {
+        what: kind.describe(),
+        path: kind.cert_path(dir),
+        cause,
+    })?;
+    Ok(Leaf { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
 fn write_leaf(dir: &Path, kind: LeafKind, leaf: &Leaf) -> Result<()> {
@@ -780,16 +647,10 @@ fn write_leaf(dir: &Path, kind: LeafKind, leaf: &Leaf) -> Result<()> {
 
 fn certified_key(dir: &Path, leaf: &Leaf) -> Result<CertifiedKey> {
     let unusable = |path: PathBuf, reason: String| Error::Unusable { path, reason };
-    let cert = leaf
-        .cert_der()
-        .map_err(|e| unusable(LeafKind::Serving.cert_path(dir), e))?;
-    let key = leaf
-        .key_der()
-        .map_err(|e| unusable(LeafKind::Serving.key_path(dir), e))?;
-    CertifiedKey::from_der(vec![cert], key, &provider()).map_err(|cause| Error::Tls {
-        step: "loading the serving certificate and key",
-        cause,
-    })
+    let cert = leaf.cert_der().map_err(|e| unusable(LeafKind::Serving.cert_path(dir), e))?;
+    let key = leaf.key_der().map_err(|e| unusable(LeafKind::Serving.key_path(dir), e))?;
+    CertifiedKey::from_der(vec![cert], key, &provider())
+        .map_err(|cause| Error::Tls { step: "loading the serving certificate and key", cause })
 }
 
 #[cfg(test)]
@@ -832,7 +693,7 @@ mod tests {
         }
         assert_eq!(pki.ca_pem(), read(&dir, "server-ca.crt"));
 
-        let (_, ca) = x509_parser::parse_x509_certificate(pki.ca_der()).unwrap();
+        let (_, ca) = x509_parser::parse_x509_certificate(&pki.ca_der()).unwrap();
         let cn = ca.subject().iter_common_name().next().unwrap();
         assert!(cn.as_str().unwrap().starts_with("cairn-server-ca@"));
         assert!(ca.is_ca());
@@ -850,14 +711,9 @@ mod tests {
             "api.example.com",
             "192.168.1.9",
         ] {
-            assert!(
-                sans.iter().any(|s| s == want),
-                "{want} missing from {sans:?}"
-            );
+            assert!(sans.iter().any(|s| s == want), "{want} missing from {sans:?}");
         }
-        let days_left = (serving.validity().not_after.timestamp()
-            - OffsetDateTime::now_utc().unix_timestamp())
-            / 86400;
+        let days_left = (serving.validity().not_after.timestamp() - OffsetDateTime::now_utc().unix_timestamp()) / 86400;
         assert!((364..=365).contains(&days_left));
     }
 
@@ -865,12 +721,7 @@ mod tests {
     fn reuses_material_on_reload() {
         let tmp = tempfile::tempdir().unwrap();
         let first = load(tmp.path(), &[]);
-        let files = [
-            "server-ca.crt",
-            "serving.crt",
-            "serving.key",
-            "client-admin.crt",
-        ];
+        let files = ["server-ca.crt", "serving.crt", "serving.key", "client-admin.crt"];
         let before: Vec<String> = files.iter().map(|f| read(tmp.path(), f)).collect();
         let second = load(tmp.path(), &[]);
         let after: Vec<String> = files.iter().map(|f| read(tmp.path(), f)).collect();
@@ -883,14 +734,7 @@ mod tests {
     fn renews_serving_cert_near_expiry_and_swaps_it() {
         let tmp = tempfile::tempdir().unwrap();
         let pki = load(tmp.path(), &[]);
-        let short = issue_leaf(
-            tmp.path(),
-            &pki.ca,
-            LeafKind::Serving,
-            &pki.sans,
-            time::Duration::days(10),
-        )
-        .unwrap();
+        let short = issue_leaf(tmp.path(), &pki.ca, LeafKind::Serving, &pki.sans, time::Duration::days(10)).unwrap();
         write_leaf(tmp.path(), LeafKind::Serving, &short).unwrap();
         let ca_before = read(tmp.path(), "server-ca.crt");
 
@@ -967,9 +811,7 @@ mod tests {
             pump(&mut client, &mut server)?;
             pump(&mut server, &mut client)?;
             if !client.is_handshaking() && !server.is_handshaking() {
-                let Connection::Server(server) = server else {
-                    unreachable!()
-                };
+                let Connection::Server(server) = server else { unreachable!() };
                 return Ok(server);
             }
         }
@@ -981,7 +823,7 @@ mod tests {
         versions: &[&'static rustls::SupportedProtocolVersion],
     ) -> rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert> {
         let mut roots = RootCertStore::empty();
-        roots.add(pki.ca_der().clone()).unwrap();
+        roots.add(pki.ca_der()).unwrap();
         ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(versions)
             .unwrap()
@@ -992,9 +834,8 @@ mod tests {
         let (cert, key) = signer.admin_pem();
         let cert = CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
         let key = PrivatePkcs8KeyDer::from_pem_slice(key.as_bytes()).unwrap();
-        let mut config = client_builder(pki, rustls::DEFAULT_VERSIONS)
-            .with_client_auth_cert(vec![cert], key.into())
-            .unwrap();
+        let mut config =
+            client_builder(pki, rustls::DEFAULT_VERSIONS).with_client_auth_cert(vec![cert], key.into()).unwrap();
         config.alpn_protocols = vec![b"h2".to_vec()];
         config
     }
@@ -1006,10 +847,7 @@ mod tests {
         let server = handshake(&pki, admin_client(&pki, &pki)).unwrap();
         assert_eq!(server.alpn_protocol(), Some(&b"h2"[..]));
         let identity = client_identity(server.peer_certificates().unwrap());
-        assert_eq!(
-            identity,
-            Some(("system:admin".to_owned(), vec!["system:masters".to_owned()]))
-        );
+        assert_eq!(identity, Some(("system:admin".to_owned(), vec!["system:masters".to_owned()])));
     }
 
     #[test]
@@ -1018,10 +856,7 @@ mod tests {
         let pki = load(tmp.path(), &[]);
         let client = client_builder(&pki, &[&rustls::version::TLS12]).with_no_client_auth();
         let server = handshake(&pki, client).unwrap();
-        assert_eq!(
-            server.protocol_version(),
-            Some(rustls::ProtocolVersion::TLSv1_2)
-        );
+        assert_eq!(server.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_2));
         assert!(server.peer_certificates().is_none());
     }
 
@@ -1040,23 +875,14 @@ mod tests {
         write_kubeconfig(&path, 0o600, "https://127.0.0.1:6443", &pki).unwrap();
         assert_eq!(mode(&path), 0o600);
 
-        let doc: serde_yaml::Value =
-            serde_yaml::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
-        let decode = |v: &serde_yaml::Value| {
-            String::from_utf8(BASE64.decode(v.as_str().unwrap()).unwrap()).unwrap()
-        };
+        let doc: serde_yaml::Value = serde_yaml::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        let decode = |v: &serde_yaml::Value| String::from_utf8(BASE64.decode(v.as_str().unwrap()).unwrap()).unwrap();
         assert_eq!(doc["current-context"].as_str(), Some("default"));
         assert_eq!(doc["kind"].as_str(), Some("Config"));
         let cluster = &doc["clusters"][0];
         assert_eq!(cluster["name"].as_str(), Some("default"));
-        assert_eq!(
-            cluster["cluster"]["server"].as_str(),
-            Some("https://127.0.0.1:6443")
-        );
-        assert_eq!(
-            decode(&cluster["cluster"]["certificate-authority-data"]),
-            pki.ca_pem()
-        );
+        assert_eq!(cluster["cluster"]["server"].as_str(), Some("https://127.0.0.1:6443"));
+        assert_eq!(decode(&cluster["cluster"]["certificate-authority-data"]), pki.ca_pem());
         let context = &doc["contexts"][0];
         assert_eq!(context["name"].as_str(), Some("default"));
         assert_eq!(context["context"]["cluster"].as_str(), Some("default"));

@@ -204,7 +204,8 @@ impl Collector {
             if let Some(pods) = pods {
                 let fields = crate::registry::selector::FieldSelector::parse(&format!("spec.nodeName={node}"))
                     .map_err(|e| StatusError::internal(e.to_string()))?;
-                let page = self.registry.list(&pods, None, &crate::registry::ListOptions { fields, ..Default::default() })?;
+                let page =
+                    self.registry.list(&pods, None, &crate::registry::ListOptions { fields, ..Default::default() })?;
                 for item in page.items {
                     let Ok(pod) = serde_json::from_slice::<Partial>(&item) else { continue };
                     let bound = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
@@ -255,11 +256,18 @@ impl Collector {
     async fn remove_finalizer(&self, key: &str, m: &Meta, finalizer: &str) -> Result<(), StatusError> {
         let Some((r, ns, name)) = self.locate(key) else { return Ok(()) };
         let rest: Vec<&String> = m.finalizers.iter().filter(|f| *f != finalizer).collect();
-        let patch = json!({"metadata": {"finalizers": if rest.is_empty() { serde_json::Value::Null } else { json!(rest) }}});
+        let patch =
+            json!({"metadata": {"finalizers": if rest.is_empty() { serde_json::Value::Null } else { json!(rest) }}});
         self.merge_patch(&r, ns.as_deref(), &name, &patch).await
     }
 
-    async fn merge_patch(&self, r: &Resource, ns: Option<&str>, name: &str, patch: &serde_json::Value) -> Result<(), StatusError> {
+    async fn merge_patch(
+        &self,
+        r: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<(), StatusError> {
         let body = serde_json::to_vec(patch).map_err(StatusError::internal)?;
         match self.registry.patch(r, ns, name, &body, PatchType::Merge, None, &WriteOptions::default()).await {
             Ok(_) => Ok(()),

@@ -111,7 +111,8 @@ async fn service_accounts(registry: Registry) -> Result<(), StatusError> {
         if registry.get(&accounts, Some(&ns), "default").is_ok() {
             continue;
         }
-        let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}});
+        let sa =
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}});
         match registry.create(&accounts, Some(&ns), sa, &WriteOptions::default()).await {
             Ok(_) => tracing::debug!("created service account {ns}/default"),
             // Gone meanwhile, or terminating: nothing to do.

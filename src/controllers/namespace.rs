@@ -76,7 +76,9 @@ async fn finish(registry: &Registry, ns: &str) -> Result<bool, StatusError> {
     };
     let finalizers: Vec<Value> = current["spec"]["finalizers"]
         .as_array()
-        .map(|f| f.iter().filter(|x| x.as_str() != Some(crate::registry::kinds::NAMESPACE_FINALIZER)).cloned().collect())
+        .map(|f| {
+            f.iter().filter(|x| x.as_str() != Some(crate::registry::kinds::NAMESPACE_FINALIZER)).cloned().collect()
+        })
         .unwrap_or_default();
     let mut body = current.clone();
     body["spec"]["finalizers"] = json!(finalizers);

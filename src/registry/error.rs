@@ -45,7 +45,7 @@ pub struct StatusError {
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
-    pub details: Option<Details>,
+    pub details: Option<Box<Details>>,
 }
 
 pub type Result<T, E = StatusError> = std::result::Result<T, E>;
@@ -58,8 +58,13 @@ impl fmt::Display for StatusError {
 
 impl std::error::Error for StatusError {}
 
-fn details(gr: &GroupResource, name: &str) -> Option<Details> {
-    Some(Details { name: name.to_string(), group: gr.group.clone(), kind: gr.resource.clone(), ..Default::default() })
+fn details(gr: &GroupResource, name: &str) -> Option<Box<Details>> {
+    Some(Box::new(Details {
+        name: name.to_string(),
+        group: gr.group.clone(),
+        kind: gr.resource.clone(),
+        ..Default::default()
+    }))
 }
 
 impl StatusError {
@@ -72,7 +77,10 @@ impl StatusError {
     }
 
     pub fn already_exists(gr: &GroupResource, name: &str) -> Self {
-        Self { details: details(gr, name), ..Self::new(409, "AlreadyExists", format!("{gr} \"{name}\" already exists")) }
+        Self {
+            details: details(gr, name),
+            ..Self::new(409, "AlreadyExists", format!("{gr} \"{name}\" already exists"))
+        }
     }
 
     pub fn conflict(gr: &GroupResource, name: &str, why: impl fmt::Display) -> Self {
@@ -111,13 +119,13 @@ impl StatusError {
             })
             .collect();
         Self {
-            details: Some(Details {
+            details: Some(Box::new(Details {
                 name: name.to_string(),
                 group: group.to_string(),
                 kind: kind.to_string(),
                 causes,
                 ..Default::default()
-            }),
+            })),
             ..Self::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {summary}"))
         }
     }
@@ -170,16 +178,12 @@ impl StatusError {
     /// 404 for a path that names no resource (upstream's plain "the server could not find the requested resource").
     pub fn no_route() -> Self {
         Self {
-            details: Some(Details::default()),
+            details: Some(Box::default()),
             ..Self::new(404, "NotFound", "the server could not find the requested resource")
         }
     }
 
     pub fn internal(message: impl fmt::Display) -> Self {
         Self::new(500, "InternalError", format!("Internal error occurred: {message}"))
-    }
-
-    pub fn timeout(message: impl Into<String>) -> Self {
-        Self::new(504, "Timeout", message)
     }
 }

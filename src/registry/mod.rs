@@ -24,7 +24,7 @@ use crate::store::{self, Object, Op, Precondition, Store};
 pub use error::{GroupResource, Result, StatusError};
 use patch::PatchType;
 use selector::{FieldSelector, LabelSelector};
-pub use strategy::{Column, DeleteContext, Deletion, ResourceInfo, Strategy};
+pub use strategy::{DeleteContext, Deletion, ResourceInfo, Strategy};
 use validation::{ErrorList, FieldError};
 pub use watch::{Watch, WatchItem, WatchOptions};
 
@@ -128,11 +128,6 @@ impl Registry {
             .cloned()
     }
 
-    /// The resource serving `kind` in `group`.
-    pub fn find_kind(&self, group: &str, kind: &str) -> Option<Resource> {
-        self.resources.iter().find(|r| r.info().group == group && r.info().kind == kind).cloned()
-    }
-
     fn key(r: &Resource, ns: Option<&str>, name: &str) -> String {
         match (r.info().namespaced, ns) {
             (true, Some(ns)) => format!("{}/{ns}/{name}", r.info().storage),
@@ -152,7 +147,7 @@ impl Registry {
         if !r.converts() {
             return Ok(obj.data.clone());
         }
-        let v = r.from_storage(parse_stored(obj)?)?;
+        let v = r.decode_stored(parse_stored(obj)?)?;
         Ok(Bytes::from(serde_json::to_vec(&v).map_err(StatusError::internal)?))
     }
 
@@ -161,7 +156,7 @@ impl Registry {
             .store
             .get(&Self::key(r, ns, name))
             .ok_or_else(|| StatusError::not_found(&r.info().group_resource(), name))?;
-        let value = r.from_storage(parse_stored(&obj)?)?;
+        let value = r.decode_stored(parse_stored(&obj)?)?;
         Ok((obj, value))
     }
 
@@ -194,26 +189,27 @@ impl Registry {
         };
         let filtering = !opts.labels.is_empty() || !opts.fields.is_empty();
         // Selecting one name needs no scan.
-        if let (Some(name), Some(ns)) = (opts.fields.exact("metadata.name"), ns.or((!r.info().namespaced).then_some("")))
+        if let (Some(name), Some(ns)) =
+            (opts.fields.exact("metadata.name"), ns.or((!r.info().namespaced).then_some("")))
         {
             let ns = (!ns.is_empty()).then_some(ns);
             let revision = self.store.revision();
             let mut items = Vec::new();
             if let Some(obj) = self.store.get(&Self::key(r, ns, name)) {
-                let v = r.from_storage(parse_stored(&obj)?)?;
+                let v = r.decode_stored(parse_stored(&obj)?)?;
                 if matches(r, &v, &opts.labels, &opts.fields) {
                     items.push(Self::present(r, &obj)?);
                 }
             }
             return Ok(ListPage { items, revision, continue_token: None, remaining: None });
         }
-        let listing = self.store.list(&prefix, after.as_deref(), None);
+        let listing = self.store.list(&prefix, after.as_deref());
         let mut items = Vec::new();
         let mut continue_token = None;
         let mut remaining = None;
         for (i, (key, obj)) in listing.items.iter().enumerate() {
             if filtering {
-                let v = r.from_storage(parse_stored(obj)?)?;
+                let v = r.decode_stored(parse_stored(obj)?)?;
                 if !matches(r, &v, &opts.labels, &opts.fields) {
                     continue;
                 }
@@ -307,15 +303,16 @@ impl Registry {
         } else {
             meta.remove("namespace");
         }
-        let generated = match (meta.get("name").and_then(Value::as_str), meta.get("generateName").and_then(Value::as_str)) {
-            (Some(n), _) if !n.is_empty() => false,
-            (_, Some(g)) if !g.is_empty() => {
-                let name = generate_name(g);
-                meta.insert("name".into(), Value::String(name));
-                true
-            }
-            _ => false,
-        };
+        let generated =
+            match (meta.get("name").and_then(Value::as_str), meta.get("generateName").and_then(Value::as_str)) {
+                (Some(n), _) if !n.is_empty() => false,
+                (_, Some(g)) if !g.is_empty() => {
+                    let name = generate_name(g);
+                    meta.insert("name".into(), Value::String(name));
+                    true
+                }
+                _ => false,
+            };
         reset_server_meta(meta, r.generation());
         r.prepare_create(&mut obj)?;
         let name = strategy::str_at(&obj, &["metadata", "name"]).unwrap_or_default();
@@ -330,11 +327,13 @@ impl Registry {
         if opts.dry_run {
             return Ok(Written { object: to_bytes(&obj)?, warnings, created: true });
         }
-        let stored = r.to_storage(obj)?;
+        let stored = r.encode_stored(obj)?;
         let key = Self::key(r, info.namespaced.then_some(ns.as_str()), &name);
         match self.store.write(key, Precondition::Absent, Op::Put(stored)).await {
             Ok(o) => Ok(Written { object: Self::present(r, &o)?, warnings, created: true }),
-            Err(store::Error::AlreadyExists) if generated => Err(StatusError::already_exists(&info.group_resource(), &name)),
+            Err(store::Error::AlreadyExists) if generated => {
+                Err(StatusError::already_exists(&info.group_resource(), &name))
+            }
             Err(e) => Err(store_error(r, &name, e)),
         }
     }
@@ -378,7 +377,8 @@ impl Registry {
             )));
         }
         if r.info().namespaced
-            && let (Some(b), Some(u)) = (strategy::str_at(&new, &["metadata", "namespace"]).filter(|s| !s.is_empty()), ns)
+            && let (Some(b), Some(u)) =
+                (strategy::str_at(&new, &["metadata", "namespace"]).filter(|s| !s.is_empty()), ns)
             && b != u
         {
             return Err(StatusError::bad_request(
@@ -386,9 +386,8 @@ impl Registry {
             ));
         }
         let wanted_rv = parse_rv(strategy::str_at(&new, &["metadata", "resourceVersion"]).as_deref())?;
-        let mut written = self
-            .guaranteed_update(r, ns, name, wanted_rv, subresource, opts, |_| Ok(new.clone()))
-            .await?;
+        let mut written =
+            self.guaranteed_update(r, ns, name, wanted_rv, subresource, opts, |_| Ok(new.clone())).await?;
         written.warnings.extend(warnings);
         Ok(written)
     }
@@ -405,13 +404,12 @@ impl Registry {
         subresource: Option<&str>,
         opts: &WriteOptions,
     ) -> Result<Written> {
-        let keys: Vec<patch::MergeKey> =
-            patch::METADATA_MERGE_KEYS.iter().chain(r.merge_keys()).copied().collect();
+        let keys: Vec<patch::MergeKey> = patch::METADATA_MERGE_KEYS.iter().chain(r.merge_keys()).copied().collect();
         let mut patch_warnings = Vec::new();
         let written = self
             .guaranteed_update(r, ns, name, None, subresource, opts, |current| {
-                let patched = patch::apply(current, patch, pt, &keys)
-                    .map_err(|e| StatusError::bad_request(e.to_string()))?;
+                let patched =
+                    patch::apply(current, patch, pt, &keys).map_err(|e| StatusError::bad_request(e.to_string()))?;
                 patch_warnings.clear();
                 let obj = Self::decode_body(r, patched, opts, &mut patch_warnings)?;
                 // A resourceVersion in the patch is a precondition.
@@ -491,7 +489,7 @@ impl Registry {
             let finishing =
                 is_terminating(&new) && !has_finalizers(&new) && grace_elapsed(&new) && !r.pending_finalizers(&new)?;
             let key = Self::key(r, ns, name);
-            let stored = r.to_storage(new)?;
+            let stored = r.encode_stored(new)?;
             let op = if finishing { Op::Delete(stored) } else { Op::Put(stored) };
             match self.store.write(key, Precondition::Revision(cur.rv), op).await {
                 Ok(o) => return Ok(Written { object: Self::present(r, &o)?, warnings: Vec::new(), created: false }),
@@ -545,8 +543,7 @@ impl Registry {
             }
             let meta = strategy::meta_mut(&mut new);
             add_propagation_finalizer(meta, opts.propagation.as_deref())?;
-            let finalizers =
-                pending || meta.get("finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
+            let finalizers = pending || meta.get("finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
             let already = meta.get("deletionTimestamp").is_some_and(|t| !t.is_null());
             let now = Utc::now();
             let op = match deletion {
@@ -570,7 +567,7 @@ impl Registry {
                     meta.insert("deletionGracePeriodSeconds".into(), json!(0));
                     None
                 }
-                Deletion::Immediate => Some(Op::Delete(r.to_storage(new.clone())?)),
+                Deletion::Immediate => Some(Op::Delete(r.encode_stored(new.clone())?)),
             };
             if opts.dry_run {
                 return Ok(match op {
@@ -583,7 +580,7 @@ impl Registry {
             let op = match op {
                 Some(op) => op,
                 None if new == old => return Ok(Deleted::Pending(Self::present(r, &cur)?)),
-                None => Op::Put(r.to_storage(new)?),
+                None => Op::Put(r.encode_stored(new)?),
             };
             match self.store.write(key, Precondition::Revision(cur.rv), op).await {
                 Ok(o) => {
@@ -626,12 +623,7 @@ impl Registry {
         let target = binding.get("target").cloned().unwrap_or(Value::Null);
         let node = target.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
         if node.is_empty() {
-            return Err(StatusError::invalid(
-                "Binding",
-                "",
-                name,
-                &[FieldError::required("target.name", "")],
-            ));
+            return Err(StatusError::invalid("Binding", "", name, &[FieldError::required("target.name", "")]));
         }
         if let Some(kind) = target.get("kind").and_then(Value::as_str)
             && !kind.is_empty()
@@ -660,7 +652,11 @@ impl Registry {
                 ));
             }
             if let Some(n) = strategy::str_at(pod, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
-                return Err(StatusError::conflict(&gr, name, format!("pod {name} is already assigned to node \"{n}\"")));
+                return Err(StatusError::conflict(
+                    &gr,
+                    name,
+                    format!("pod {name} is already assigned to node \"{n}\""),
+                ));
             }
             let mut pod = pod.clone();
             pod["spec"]["nodeName"] = json!(node);
@@ -685,9 +681,7 @@ fn clone_list(o: &ListOptions) -> ListOptions {
 fn check_fields(r: &Resource, fields: &FieldSelector) -> Result<()> {
     for f in fields.fields() {
         if f != "metadata.name" && f != "metadata.namespace" && !r.fields().contains(&f) {
-            return Err(StatusError::bad_request(format!(
-                "field label not supported: {f}"
-            )));
+            return Err(StatusError::bad_request(format!("field label not supported: {f}")));
         }
     }
     Ok(())
@@ -695,8 +689,7 @@ fn check_fields(r: &Resource, fields: &FieldSelector) -> Result<()> {
 
 /// Whether an object passes label and field selectors.
 pub fn matches(r: &Resource, obj: &Value, labels: &LabelSelector, fields: &FieldSelector) -> bool {
-    labels.matches(obj["metadata"].get("labels").and_then(Value::as_object))
-        && fields.matches(|f| r.field(obj, f))
+    labels.matches(obj["metadata"].get("labels").and_then(Value::as_object)) && fields.matches(|f| r.field(obj, f))
 }
 
 fn parse_stored(obj: &Object) -> Result<Value> {
@@ -710,10 +703,9 @@ fn to_bytes(v: &Value) -> Result<Bytes> {
 fn parse_rv(rv: Option<&str>) -> Result<Option<u64>> {
     match rv {
         None | Some("") => Ok(None),
-        Some(s) => s
-            .parse()
-            .map(Some)
-            .map_err(|_| StatusError::bad_request(format!("invalid resource version: {s:?}"))),
+        Some(s) => {
+            s.parse().map(Some).map_err(|_| StatusError::bad_request(format!("invalid resource version: {s:?}")))
+        }
     }
 }
 
@@ -855,10 +847,8 @@ fn validate_meta(r: &Resource, obj: &Value, create: bool) -> ErrorList {
         }
     }
     if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
-        let pairs: Vec<(String, String)> = labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-            .collect();
+        let pairs: Vec<(String, String)> =
+            labels.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect();
         errs.extend(validation::validate_labels(pairs.iter().map(|(k, v)| (k, v)), "metadata.labels"));
     }
     if let Some(annotations) = meta.get("annotations").and_then(Value::as_object) {
@@ -908,13 +898,16 @@ fn validate_meta_update(new: &Value, old: &Value) -> ErrorList {
     let mut errs = Vec::new();
     // Finalizers may not be added to an object that is being deleted.
     if is_terminating(old) {
-        let olds: Vec<&Value> = old["metadata"].get("finalizers").and_then(Value::as_array).map(|a| a.iter().collect()).unwrap_or_default();
+        let olds: Vec<&Value> =
+            old["metadata"].get("finalizers").and_then(Value::as_array).map(|a| a.iter().collect()).unwrap_or_default();
         if let Some(news) = new["metadata"].get("finalizers").and_then(Value::as_array) {
             for f in news {
                 if !olds.contains(&f) {
                     errs.push(FieldError::forbidden(
                         "metadata.finalizers",
-                        format!("no new finalizers can be added if the object is being deleted, found new finalizers {f}"),
+                        format!(
+                            "no new finalizers can be added if the object is being deleted, found new finalizers {f}"
+                        ),
                     ));
                 }
             }

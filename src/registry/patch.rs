@@ -32,37 +32,23 @@ pub struct MergeKey {
 
 /// A list of objects merged by `key`.
 pub const fn merge(path: &'static str, key: &'static str) -> MergeKey {
-    MergeKey {
-        path,
-        key: Some(key),
-        retain_keys: false,
-    }
+    MergeKey { path, key: Some(key), retain_keys: false }
 }
 
 /// A list of primitives merged as an ordered set (e.g. `metadata.finalizers`).
 pub const fn primitive(path: &'static str) -> MergeKey {
-    MergeKey {
-        path,
-        key: None,
-        retain_keys: false,
-    }
+    MergeKey { path, key: None, retain_keys: false }
 }
 
 /// A list of objects merged by `key` whose elements use the `retainKeys` strategy
 /// (e.g. pod `spec.volumes`).
 pub const fn merge_retain(path: &'static str, key: &'static str) -> MergeKey {
-    MergeKey {
-        path,
-        key: Some(key),
-        retain_keys: true,
-    }
+    MergeKey { path, key: Some(key), retain_keys: true }
 }
 
 /// Merge keys shared by every kind; [`apply`] always consults them after the kind's own table.
-pub const METADATA_MERGE_KEYS: &[MergeKey] = &[
-    primitive("metadata.finalizers"),
-    merge("metadata.ownerReferences", "uid"),
-];
+pub const METADATA_MERGE_KEYS: &[MergeKey] =
+    &[primitive("metadata.finalizers"), merge("metadata.ownerReferences", "uid")];
 
 /// The PATCH content types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,20 +83,11 @@ pub enum PatchError {
     #[error("patch body is not valid JSON: {0}")]
     InvalidJson(#[source] serde_json::Error),
     #[error("the {content_type} patch body must be a JSON {expected}, but it is {found}")]
-    WrongBodyType {
-        content_type: &'static str,
-        expected: &'static str,
-        found: &'static str,
-    },
+    WrongBodyType { content_type: &'static str, expected: &'static str, found: &'static str },
     #[error("invalid JSON patch operation list: {0}")]
     InvalidJsonPatch(#[source] serde_json::Error),
     #[error("JSON patch operation at index {index} ({op} {path:?}) failed: {reason}")]
-    JsonPatchFailed {
-        index: usize,
-        op: &'static str,
-        path: String,
-        reason: String,
-    },
+    JsonPatchFailed { index: usize, op: &'static str, path: String, reason: String },
     #[error("the object being patched is not a JSON object")]
     OriginalNotObject,
     #[error("an element of list {path:?} has no merge key {key:?}")]
@@ -121,12 +98,7 @@ pub enum PatchError {
 
 /// Applies `patch` (raw request body bytes) of type `pt` to `original`; `keys` is the per-kind
 /// merge-key table (only used for [`PatchType::StrategicMerge`]).
-pub fn apply(
-    original: &Value,
-    patch: &[u8],
-    pt: PatchType,
-    keys: &[MergeKey],
-) -> Result<Value, PatchError> {
+pub fn apply(original: &Value, patch: &[u8], pt: PatchType, keys: &[MergeKey]) -> Result<Value, PatchError> {
     let body: Value = serde_json::from_slice(patch).map_err(PatchError::InvalidJson)?;
     let wrong = |expected, found: &Value| PatchError::WrongBodyType {
         content_type: pt.content_type(),
@@ -138,8 +110,7 @@ pub fn apply(
             if !body.is_array() {
                 return Err(wrong("array", &body));
             }
-            let ops: json_patch::Patch =
-                serde_json::from_value(body).map_err(PatchError::InvalidJsonPatch)?;
+            let ops: json_patch::Patch = serde_json::from_value(body).map_err(PatchError::InvalidJsonPatch)?;
             let mut doc = original.clone();
             json_patch::patch(&mut doc, &ops).map_err(|e| json_patch_error(&ops, e))?;
             Ok(doc)
@@ -194,12 +165,7 @@ fn json_patch_error(ops: &json_patch::Patch, e: json_patch::PatchError) -> Patch
         K::CannotMoveInsideItself => "a value cannot be moved into itself".to_owned(),
         other => other.to_string(),
     };
-    PatchError::JsonPatchFailed {
-        index: e.operation,
-        op,
-        path: e.path.to_string(),
-        reason,
-    }
+    PatchError::JsonPatchFailed { index: e.operation, op, path: e.path.to_string(), reason }
 }
 
 const DIRECTIVE: &str = "$patch";
@@ -208,29 +174,19 @@ const SET_ELEMENT_ORDER: &str = "$setElementOrder";
 const DELETE_FROM_PRIMITIVE_LIST: &str = "$deleteFromPrimitiveList";
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
-    }
+    if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") }
 }
 
 fn invalid(path: &str, reason: impl Into<String>) -> PatchError {
     let path = if path.is_empty() { "(root)" } else { path };
-    PatchError::InvalidStrategicPatch {
-        path: path.to_owned(),
-        reason: reason.into(),
-    }
+    PatchError::InvalidStrategicPatch { path: path.to_owned(), reason: reason.into() }
 }
 
 /// The field named by a parallel-list directive key such as `$setElementOrder/containers`.
 fn directive_field<'k>(key: &'k str, prefix: &str, path: &str) -> Result<&'k str, PatchError> {
     match key.split_once('/') {
         Some((p, field)) if p == prefix && !field.is_empty() => Ok(field),
-        _ => Err(invalid(
-            path,
-            format!("malformed directive {key:?}; expected \"{prefix}/<field>\""),
-        )),
+        _ => Err(invalid(path, format!("malformed directive {key:?}; expected \"{prefix}/<field>\""))),
     }
 }
 
@@ -262,32 +218,19 @@ fn ids(list: &[Value], key: Option<&str>) -> Vec<Value> {
 /// Orders a merged list as upstream's `normalizeElementOrder` does: elements named by
 /// `patch_order` follow that order, the rest keep their `server_order`, and the two runs are
 /// interleaved so server-only elements stay ahead of patch elements that came after them.
-fn order(
-    merged: Vec<Value>,
-    patch_order: &[Value],
-    server_order: &[Value],
-    key: Option<&str>,
-) -> Vec<Value> {
+fn order(merged: Vec<Value>, patch_order: &[Value], server_order: &[Value], key: Option<&str>) -> Vec<Value> {
     let sorted = |mut items: Vec<Value>, by: &[Value]| {
         items.sort_by_cached_key(|v| position(by, v, key).unwrap_or(usize::MAX));
         items
     };
-    let (from_patch, server_only): (Vec<_>, Vec<_>) = merged
-        .into_iter()
-        .partition(|v| position(patch_order, v, key).is_some());
+    let (from_patch, server_only): (Vec<_>, Vec<_>) =
+        merged.into_iter().partition(|v| position(patch_order, v, key).is_some());
     let mut right = sorted(from_patch, patch_order).into_iter().peekable();
     let mut left = sorted(server_only, server_order).into_iter().peekable();
     let mut out = Vec::new();
     while let (Some(l), Some(r)) = (left.peek(), right.peek()) {
-        let (li, ri) = (
-            position(server_order, l, key),
-            position(server_order, r, key),
-        );
-        let next = if matches!((li, ri), (Some(a), Some(b)) if a < b) {
-            left.next()
-        } else {
-            right.next()
-        };
+        let (li, ri) = (position(server_order, l, key), position(server_order, r, key));
+        let next = if matches!((li, ri), (Some(a), Some(b)) if a < b) { left.next() } else { right.next() };
         out.extend(next);
     }
     out.extend(left);
@@ -301,10 +244,7 @@ struct Strategic<'a> {
 
 impl Strategic<'_> {
     fn lookup(&self, path: &str) -> Option<&MergeKey> {
-        self.keys
-            .iter()
-            .chain(METADATA_MERGE_KEYS)
-            .find(|k| k.path == path)
+        self.keys.iter().chain(METADATA_MERGE_KEYS).find(|k| k.path == path)
     }
 
     /// Upstream `mergeMap`: merges `patch` into `original`, both found at `path`.
@@ -322,9 +262,7 @@ impl Strategic<'_> {
                 _ => {
                     return Err(invalid(
                         path,
-                        format!(
-                            "unknown $patch directive {directive} (use replace, delete or merge)"
-                        ),
+                        format!("unknown $patch directive {directive} (use replace, delete or merge)"),
                     ));
                 }
             }
@@ -332,11 +270,7 @@ impl Strategic<'_> {
         if let Some(retain) = patch.shift_remove(RETAIN_KEYS) {
             retain_keys(&mut original, &patch, retain, path)?;
         }
-        let orders: Vec<String> = patch
-            .keys()
-            .filter(|k| k.starts_with(SET_ELEMENT_ORDER))
-            .cloned()
-            .collect();
+        let orders: Vec<String> = patch.keys().filter(|k| k.starts_with(SET_ELEMENT_ORDER)).cloned().collect();
         for directive in orders {
             let field = directive_field(&directive, SET_ELEMENT_ORDER, path)?;
             let order = patch.shift_remove(&directive).unwrap_or_default();
@@ -427,15 +361,9 @@ impl Strategic<'_> {
             return Err(invalid(path, "list mixes objects with other values"));
         }
         let Some(key) = mk.key else {
-            return Err(invalid(
-                path,
-                "list of objects has no merge key and cannot be merged",
-            ));
+            return Err(invalid(path, "list of objects has no merge key and cannot be merged"));
         };
-        let missing = || PatchError::MissingMergeKey {
-            path: path.to_owned(),
-            key,
-        };
+        let missing = || PatchError::MissingMergeKey { path: path.to_owned(), key };
         if original.iter().any(|v| v.get(key).is_none()) {
             return Err(missing());
         }
@@ -465,13 +393,8 @@ impl Strategic<'_> {
         let mut patch_order = Vec::with_capacity(plain.len());
         for el in plain {
             let id = el.get(key).ok_or_else(missing)?.clone();
-            match original
-                .iter()
-                .position(|o| o.get(key).is_some_and(|v| same(v, &id)))
-            {
-                Some(i) => {
-                    original[i] = self.merge_value(std::mem::take(&mut original[i]), el, path)?
-                }
+            match original.iter().position(|o| o.get(key).is_some_and(|v| same(v, &id))) {
+                Some(i) => original[i] = self.merge_value(std::mem::take(&mut original[i]), el, path)?,
                 None => original.push(self.fresh(el, path)?),
             }
             patch_order.push(id);
@@ -491,10 +414,7 @@ impl Strategic<'_> {
     ) -> Result<(), PatchError> {
         let child = join(path, field);
         let Value::Array(order_list) = order_list else {
-            return Err(invalid(
-                &child,
-                format!("{SET_ELEMENT_ORDER}/{field} must be a list"),
-            ));
+            return Err(invalid(&child, format!("{SET_ELEMENT_ORDER}/{field} must be a list")));
         };
         let Some(mk) = self.lookup(&child) else {
             return Ok(());
@@ -508,29 +428,20 @@ impl Strategic<'_> {
             None => None,
             Some(Value::Array(list)) => Some(list),
             Some(_) => {
-                return Err(invalid(
-                    &child,
-                    format!("must be a list when {SET_ELEMENT_ORDER} is given"),
-                ));
+                return Err(invalid(&child, format!("must be a list when {SET_ELEMENT_ORDER} is given")));
             }
         };
         if let Some(list) = &patch_list {
             check_order(list, &order_list, mk.key, &child)?;
         }
-        let server_order = current
-            .as_deref()
-            .map(|l| ids(l, mk.key))
-            .unwrap_or_default();
+        let server_order = current.as_deref().map(|l| ids(l, mk.key)).unwrap_or_default();
         let merged = match (current, patch_list) {
             (None, None) => return Ok(()),
             (Some(current), None) => current,
             (current, Some(p)) => self.merge_list(current.unwrap_or_default(), p, mk, &child)?,
         };
         let wanted = ids(&order_list, mk.key);
-        original.insert(
-            field.to_owned(),
-            Value::Array(order(merged, &wanted, &server_order, mk.key)),
-        );
+        original.insert(field.to_owned(), Value::Array(order(merged, &wanted, &server_order, mk.key)));
         Ok(())
     }
 }
@@ -541,32 +452,20 @@ fn list_directive<'d>(directive: &'d Value, path: &str) -> Result<&'d str, Patch
         Some(d @ ("delete" | "replace" | "merge")) => Ok(d),
         _ => Err(invalid(
             path,
-            format!(
-                "unknown $patch directive {directive} on a list element (use delete, replace or merge)"
-            ),
+            format!("unknown $patch directive {directive} on a list element (use delete, replace or merge)"),
         )),
     }
 }
 
 /// Checks that the patch list's elements appear in `$setElementOrder` in the same relative order
 /// (upstream `validatePatchWithSetOrderList`); directive elements are ignored.
-fn check_order(
-    patch: &[Value],
-    order_list: &[Value],
-    key: Option<&'static str>,
-    path: &str,
-) -> Result<(), PatchError> {
+fn check_order(patch: &[Value], order_list: &[Value], key: Option<&'static str>, path: &str) -> Result<(), PatchError> {
     let mut wanted = order_list.iter();
     for el in patch.iter().filter(|v| v.get(DIRECTIVE).is_none()) {
-        let id = ident(el, key).ok_or_else(|| PatchError::MissingMergeKey {
-            path: path.to_owned(),
-            key: key.unwrap_or_default(),
-        })?;
+        let id = ident(el, key)
+            .ok_or_else(|| PatchError::MissingMergeKey { path: path.to_owned(), key: key.unwrap_or_default() })?;
         if !wanted.any(|w| ident(w, key).is_some_and(|w| same(w, id))) {
-            return Err(invalid(
-                path,
-                format!("the order of the patch list does not match {SET_ELEMENT_ORDER}"),
-            ));
+            return Err(invalid(path, format!("the order of the patch list does not match {SET_ELEMENT_ORDER}")));
         }
     }
     Ok(())
@@ -581,22 +480,12 @@ fn retain_keys(
     path: &str,
 ) -> Result<(), PatchError> {
     let Value::Array(retain) = retain else {
-        return Err(invalid(
-            path,
-            format!("{RETAIN_KEYS} must be a list of field names"),
-        ));
+        return Err(invalid(path, format!("{RETAIN_KEYS} must be a list of field names")));
     };
     let keep = |k: &str| retain.iter().any(|r| r.as_str() == Some(k));
-    let parallel =
-        |k: &str| k.starts_with(SET_ELEMENT_ORDER) || k.starts_with(DELETE_FROM_PRIMITIVE_LIST);
-    if let Some((k, _)) = patch
-        .iter()
-        .find(|&(k, v)| !v.is_null() && !parallel(k) && !keep(k))
-    {
-        return Err(invalid(
-            path,
-            format!("the patch sets {k:?}, which is not listed in {RETAIN_KEYS}"),
-        ));
+    let parallel = |k: &str| k.starts_with(SET_ELEMENT_ORDER) || k.starts_with(DELETE_FROM_PRIMITIVE_LIST);
+    if let Some((k, _)) = patch.iter().find(|&(k, v)| !v.is_null() && !parallel(k) && !keep(k)) {
+        return Err(invalid(path, format!("the patch sets {k:?}, which is not listed in {RETAIN_KEYS}")));
     }
     original.retain(|k, _| keep(k));
     Ok(())
@@ -611,10 +500,7 @@ fn delete_from_list(
 ) -> Result<(), PatchError> {
     let child = join(path, field);
     let Value::Array(values) = values else {
-        return Err(invalid(
-            &child,
-            format!("{DELETE_FROM_PRIMITIVE_LIST}/{field} must be a list"),
-        ));
+        return Err(invalid(&child, format!("{DELETE_FROM_PRIMITIVE_LIST}/{field} must be a list")));
     };
     match original.get_mut(field) {
         None | Some(Value::Null) => Ok(()),
@@ -685,11 +571,7 @@ mod tests {
     }
 
     fn names(list: &Value) -> Vec<&str> {
-        list.as_array()
-            .expect("a list")
-            .iter()
-            .map(|c| c["name"].as_str().expect("a name"))
-            .collect()
+        list.as_array().expect("a list").iter().map(|c| c["name"].as_str().expect("a name")).collect()
     }
 
     fn pod() -> Value {
@@ -721,14 +603,8 @@ mod tests {
             PatchType::from_content_type("application/strategic-merge-patch+json; charset=utf-8"),
             Some(StrategicMerge)
         );
-        assert_eq!(
-            PatchType::from_content_type(" Application/JSON-Patch+JSON "),
-            Some(Json)
-        );
-        assert_eq!(
-            PatchType::from_content_type("application/apply-patch+yaml"),
-            None
-        );
+        assert_eq!(PatchType::from_content_type(" Application/JSON-Patch+JSON "), Some(Json));
+        assert_eq!(PatchType::from_content_type("application/apply-patch+yaml"), None);
         assert_eq!(PatchType::from_content_type("application/json"), None);
         assert_eq!(PatchType::from_content_type(""), None);
     }
@@ -748,15 +624,8 @@ mod tests {
         assert_eq!(containers[1], json!({"name": "debug", "image": "busybox"}));
 
         // A new element alone goes first, as kubectl patch users see upstream.
-        let out = smp(
-            pod(),
-            json!({"spec": {"containers": [{"name": "debug", "image": "busybox"}]}}),
-            POD,
-        );
-        assert_eq!(
-            names(&out["spec"]["containers"]),
-            ["debug", "app", "sidecar", "injected"]
-        );
+        let out = smp(pod(), json!({"spec": {"containers": [{"name": "debug", "image": "busybox"}]}}), POD);
+        assert_eq!(names(&out["spec"]["containers"]), ["debug", "app", "sidecar", "injected"]);
     }
 
     #[test]
@@ -787,21 +656,13 @@ mod tests {
 
     #[test]
     fn conditions_by_type() {
-        let out = smp(
-            pod(),
-            json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
-            POD,
-        );
+        let out = smp(pod(), json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}), POD);
         assert_eq!(
             out["status"]["conditions"],
             json!([{"type": "Ready", "status": "True"}, {"type": "Initialized", "status": "True"}])
         );
         // Server-only elements that came first stay first.
-        let out = smp(
-            pod(),
-            json!({"status": {"conditions": [{"type": "Initialized", "status": "False"}]}}),
-            POD,
-        );
+        let out = smp(pod(), json!({"status": {"conditions": [{"type": "Initialized", "status": "False"}]}}), POD);
         assert_eq!(
             out["status"]["conditions"],
             json!([{"type": "Ready", "status": "False"}, {"type": "Initialized", "status": "False"}])
@@ -817,22 +678,14 @@ mod tests {
         );
         assert_eq!(names(&out["spec"]["containers"]), ["app", "injected"]);
 
-        let err = smp_err(
-            pod(),
-            json!({"spec": {"containers": [{"$patch": "delete"}]}}),
-            POD,
-        );
+        let err = smp_err(pod(), json!({"spec": {"containers": [{"$patch": "delete"}]}}), POD);
         assert!(
             matches!(err, PatchError::MissingMergeKey { ref path, key: "name" } if path == "spec.containers"),
             "{err}"
         );
 
         // `$patch: delete` on a map empties it.
-        let out = smp(
-            pod(),
-            json!({"metadata": {"labels": {"$patch": "delete"}}}),
-            POD,
-        );
+        let out = smp(pod(), json!({"metadata": {"labels": {"$patch": "delete"}}}), POD);
         assert_eq!(out["metadata"]["labels"], json!({}));
     }
 
@@ -843,16 +696,9 @@ mod tests {
             json!({"spec": {"containers": [{"name": "only", "image": "x", "env": [{"name": "A", "value": null}]}, {"$patch": "replace"}]}}),
             POD,
         );
-        assert_eq!(
-            out["spec"]["containers"],
-            json!([{"name": "only", "image": "x", "env": [{"name": "A"}]}])
-        );
+        assert_eq!(out["spec"]["containers"], json!([{"name": "only", "image": "x", "env": [{"name": "A"}]}]));
 
-        let out = smp(
-            pod(),
-            json!({"metadata": {"labels": {"$patch": "replace", "new": "1"}}}),
-            POD,
-        );
+        let out = smp(pod(), json!({"metadata": {"labels": {"$patch": "replace", "new": "1"}}}), POD);
         assert_eq!(out["metadata"]["labels"], json!({"new": "1"}));
         assert_eq!(out["metadata"]["name"], "web");
     }
@@ -865,10 +711,7 @@ mod tests {
             "containers": [{"name": "extra", "image": "extra:1"}]
         }});
         let out = smp(pod(), patch, POD);
-        assert_eq!(
-            names(&out["spec"]["containers"]),
-            ["sidecar", "app", "extra", "injected"]
-        );
+        assert_eq!(names(&out["spec"]["containers"]), ["sidecar", "app", "extra", "injected"]);
 
         // Removing a container the last apply created.
         let patch = json!({"spec": {
@@ -895,11 +738,7 @@ mod tests {
     fn finalizers_are_a_primitive_set() {
         // As upstream: patch values keep their relative order and land ahead of server-only
         // values that followed them ("c" here).
-        let out = smp(
-            pod(),
-            json!({"metadata": {"finalizers": ["b", "d", "b"]}}),
-            &[],
-        );
+        let out = smp(pod(), json!({"metadata": {"finalizers": ["b", "d", "b"]}}), &[]);
         assert_eq!(out["metadata"]["finalizers"], json!(["a", "b", "d", "c"]));
         let out = smp(pod(), json!({"metadata": {"finalizers": ["d"]}}), &[]);
         assert_eq!(out["metadata"]["finalizers"], json!(["d", "a", "b", "c"]));
@@ -914,11 +753,8 @@ mod tests {
         let out = smp(pod(), patch, &[]);
         assert_eq!(out["metadata"]["finalizers"], json!(["a", "c"]));
 
-        let out = smp(
-            json!({"metadata": {}}),
-            json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["x"]}}),
-            &[],
-        );
+        let out =
+            smp(json!({"metadata": {}}), json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["x"]}}), &[]);
         assert_eq!(out, json!({"metadata": {}}));
     }
 
@@ -955,14 +791,8 @@ mod tests {
             json!([{"name": "data", "hostPath": {"path": "/srv/data", "type": "DirectoryOrCreate"}},
                    {"name": "cfg", "configMap": {"name": "cfg"}}])
         );
-        assert_eq!(
-            out["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"],
-            "new"
-        );
-        assert_eq!(
-            out["spec"]["template"]["spec"]["containers"][0]["image"],
-            "nginx"
-        );
+        assert_eq!(out["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"], "new");
+        assert_eq!(out["spec"]["template"]["spec"]["containers"][0]["image"], "nginx");
 
         // A field set by the patch must be listed in $retainKeys.
         let bad = json!({"spec": {"volumes": [{"$retainKeys": ["name"], "name": "data", "hostPath": {"path": "/x"}}]}});
@@ -972,20 +802,9 @@ mod tests {
 
     #[test]
     fn null_deletes_keys() {
-        let out = smp(
-            pod(),
-            json!({"metadata": {"labels": {"app": null, "env": "prod", "missing": null}}}),
-            POD,
-        );
-        assert_eq!(
-            out["metadata"]["labels"],
-            json!({"tier": "front", "env": "prod"})
-        );
-        let out = smp(
-            json!({"metadata": {}}),
-            json!({"metadata": {"labels": {"x": null, "y": "1"}}}),
-            POD,
-        );
+        let out = smp(pod(), json!({"metadata": {"labels": {"app": null, "env": "prod", "missing": null}}}), POD);
+        assert_eq!(out["metadata"]["labels"], json!({"tier": "front", "env": "prod"}));
+        let out = smp(json!({"metadata": {}}), json!({"metadata": {"labels": {"x": null, "y": "1"}}}), POD);
         assert_eq!(out["metadata"]["labels"], json!({"y": "1"}));
         let out = smp(pod(), json!({"status": null}), POD);
         assert!(out.get("status").is_none());
@@ -998,10 +817,7 @@ mod tests {
             "containers": [{"name": "app", "args": ["--c"]}]
         }});
         let out = smp(pod(), patch, POD);
-        assert_eq!(
-            out["spec"]["tolerations"],
-            json!([{"key": "k2", "operator": "Exists"}])
-        );
+        assert_eq!(out["spec"]["tolerations"], json!([{"key": "k2", "operator": "Exists"}]));
         assert_eq!(out["spec"]["containers"][0]["args"], json!(["--c"]));
         // Type changes replace the value.
         let out = smp(pod(), json!({"spec": {"tolerations": "none"}}), POD);
@@ -1038,46 +854,24 @@ mod tests {
             json!([{"name": "new", "env": [{"name": "X", "value": "1"}], "securityContext": {"runAsUser": 1}}])
         );
         assert_eq!(out["spec"]["initContainers"], json!([{"name": "init"}]));
-        assert_eq!(
-            out["spec"]["volumes"],
-            json!([{"name": "v", "emptyDir": {}}])
-        );
+        assert_eq!(out["spec"]["volumes"], json!([{"name": "v", "emptyDir": {}}]));
 
         // A merge list the object lacks is taken as given, like upstream's verbatim copy.
-        let out = smp(
-            json!({"spec": {}}),
-            json!({"spec": {"containers": [{"image": "a"}, {"image": "b"}]}}),
-            POD,
-        );
-        assert_eq!(
-            out["spec"]["containers"],
-            json!([{"image": "a"}, {"image": "b"}])
-        );
+        let out = smp(json!({"spec": {}}), json!({"spec": {"containers": [{"image": "a"}, {"image": "b"}]}}), POD);
+        assert_eq!(out["spec"]["containers"], json!([{"image": "a"}, {"image": "b"}]));
     }
 
     #[test]
     fn malformed_strategic_patches() {
-        let err = smp_err(
-            pod(),
-            json!({"metadata": {"labels": {"$patch": "explode"}}}),
-            POD,
-        );
+        let err = smp_err(pod(), json!({"metadata": {"labels": {"$patch": "explode"}}}), POD);
         assert!(err.to_string().contains("explode"), "{err}");
-        let err = smp_err(
-            pod(),
-            json!({"spec": {"containers": [{"name": "app", "$patch": "frobnicate"}]}}),
-            POD,
-        );
+        let err = smp_err(pod(), json!({"spec": {"containers": [{"name": "app", "$patch": "frobnicate"}]}}), POD);
         assert!(err.to_string().contains("frobnicate"), "{err}");
         let err = smp_err(pod(), json!({"metadata": {"$setElementOrder": ["a"]}}), POD);
         assert!(err.to_string().contains("malformed directive"), "{err}");
         let err = smp_err(pod(), json!({"metadata": {"$retainKeys": "name"}}), POD);
         assert!(err.to_string().contains("$retainKeys"), "{err}");
-        let err = smp_err(
-            pod(),
-            json!({"spec": {"containers": [{"image": "x"}]}}),
-            POD,
-        );
+        let err = smp_err(pod(), json!({"spec": {"containers": [{"image": "x"}]}}), POD);
         assert!(matches!(err, PatchError::MissingMergeKey { .. }), "{err}");
         let err = smp_err(pod(), json!({"spec": {"containers": ["app"]}}), POD);
         assert!(err.to_string().contains("mixes objects"), "{err}");
@@ -1087,8 +881,7 @@ mod tests {
             err.to_string(),
             "the application/strategic-merge-patch+json patch body must be a JSON object, but it is an array"
         );
-        let err =
-            apply(&json!([1]), b"{}", PatchType::StrategicMerge, POD).expect_err("array original");
+        let err = apply(&json!([1]), b"{}", PatchType::StrategicMerge, POD).expect_err("array original");
         assert!(matches!(err, PatchError::OriginalNotObject));
     }
 
@@ -1116,10 +909,7 @@ mod tests {
             {"op": "copy", "from": "/metadata/name", "path": "/metadata/generateName"}
         ]);
         let out = apply(&pod(), ops.to_string().as_bytes(), PatchType::Json, &[]).expect("applies");
-        assert_eq!(
-            out["metadata"]["labels"],
-            json!({"app": "web", "env": "prod", "layer": "front"})
-        );
+        assert_eq!(out["metadata"]["labels"], json!({"app": "web", "env": "prod", "layer": "front"}));
         assert_eq!(out["metadata"]["finalizers"], json!(["a", "c"]));
         assert_eq!(out["metadata"]["generateName"], "web");
         assert_eq!(out["spec"]["containers"][0]["image"], "app:3");
@@ -1128,8 +918,7 @@ mod tests {
     #[test]
     fn json_patch_failures() {
         let run = |ops: Value| apply(&pod(), ops.to_string().as_bytes(), PatchType::Json, &[]);
-        let err = run(json!([{"op": "test", "path": "/metadata/name", "value": "db"}]))
-            .expect_err("test fails");
+        let err = run(json!([{"op": "test", "path": "/metadata/name", "value": "db"}])).expect_err("test fails");
         assert!(
             matches!(&err, PatchError::JsonPatchFailed { index: 0, op: "test", path, .. } if path == "/metadata/name"),
             "{err:?}"
@@ -1144,34 +933,16 @@ mod tests {
             {"op": "remove", "path": "/metadata/nope"}
         ]))
         .expect_err("remove fails");
-        assert!(
-            matches!(
-                err,
-                PatchError::JsonPatchFailed {
-                    index: 1,
-                    op: "remove",
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, PatchError::JsonPatchFailed { index: 1, op: "remove", .. }), "{err:?}");
         assert!(err.to_string().contains("does not exist"), "{err}");
 
-        let err = run(json!([{"op": "add", "path": "/no/such/parent", "value": 1}]))
-            .expect_err("add fails");
-        assert!(
-            matches!(err, PatchError::JsonPatchFailed { op: "add", .. }),
-            "{err:?}"
-        );
+        let err = run(json!([{"op": "add", "path": "/no/such/parent", "value": 1}])).expect_err("add fails");
+        assert!(matches!(err, PatchError::JsonPatchFailed { op: "add", .. }), "{err:?}");
 
         let err = run(json!([{"op": "frobnicate", "path": "/a"}])).expect_err("unknown op");
         assert!(matches!(err, PatchError::InvalidJsonPatch(_)), "{err:?}");
         let err = run(json!({"op": "add"})).expect_err("object body");
-        assert!(
-            err.to_string()
-                .contains("must be a JSON array, but it is an object"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("must be a JSON array, but it is an object"), "{err}");
         let err = apply(&pod(), b"[{", PatchType::Json, &[]).expect_err("bad json");
         assert!(matches!(err, PatchError::InvalidJson(_)), "{err:?}");
     }
@@ -1182,13 +953,7 @@ mod tests {
         let original = json!({"title": "Goodbye!", "author": {"givenName": "John", "familyName": "Doe"},
                               "tags": ["example", "sample"], "content": "This will be unchanged"});
         let patch = json!({"title": "Hello!", "phoneNumber": "+01-123-456-7890", "author": {"familyName": null}, "tags": ["example"]});
-        let out = apply(
-            &original,
-            patch.to_string().as_bytes(),
-            PatchType::Merge,
-            &[],
-        )
-        .expect("applies");
+        let out = apply(&original, patch.to_string().as_bytes(), PatchType::Merge, &[]).expect("applies");
         assert_eq!(
             out,
             json!({"title": "Hello!", "author": {"givenName": "John"}, "tags": ["example"],
@@ -1196,22 +961,11 @@ mod tests {
         );
         // Lists are always replaced, merge keys notwithstanding.
         let patch = json!({"spec": {"containers": [{"name": "x"}]}});
-        let out =
-            apply(&pod(), patch.to_string().as_bytes(), PatchType::Merge, POD).expect("applies");
+        let out = apply(&pod(), patch.to_string().as_bytes(), PatchType::Merge, POD).expect("applies");
         assert_eq!(out["spec"]["containers"], json!([{"name": "x"}]));
 
         let err = apply(&pod(), b"[]", PatchType::Merge, &[]).expect_err("array body");
-        assert!(
-            matches!(
-                err,
-                PatchError::WrongBodyType {
-                    expected: "object",
-                    found: "an array",
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, PatchError::WrongBodyType { expected: "object", found: "an array", .. }), "{err:?}");
         let err = apply(&pod(), b"nope", PatchType::Merge, &[]).expect_err("bad json");
         assert!(matches!(err, PatchError::InvalidJson(_)), "{err:?}");
     }
@@ -1220,8 +974,7 @@ mod tests {
 
     #[test]
     fn upstream_order_preservation() {
-        let original =
-            json!({"mergingList": [{"name": 1}, {"name": 2, "value": "b"}, {"name": 3}]});
+        let original = json!({"mergingList": [{"name": 1}, {"name": 2, "value": "b"}, {"name": 3}]});
         let out = smp(
             original.clone(),
             json!({"mergingList": [{"name": 3, "value": "c"}, {"name": 1, "value": "a"}, {"name": 2, "other": "x"}]}),
@@ -1231,30 +984,16 @@ mod tests {
             out,
             json!({"mergingList": [{"name": 3, "value": "c"}, {"name": 1, "value": "a"}, {"name": 2, "value": "b", "other": "x"}]})
         );
-        let out = smp(
-            original,
-            json!({"mergingList": [{"name": 3, "value": "c"}, {"name": 1, "value": "a"}]}),
-            ITEM,
-        );
+        let out = smp(original, json!({"mergingList": [{"name": 3, "value": "c"}, {"name": 1, "value": "a"}]}), ITEM);
         assert_eq!(
             out,
             json!({"mergingList": [{"name": 2, "value": "b"}, {"name": 3, "value": "c"}, {"name": 1, "value": "a"}]})
         );
         let ints = json!({"mergingIntList": [1, 2, 3]});
+        assert_eq!(smp(ints.clone(), json!({"mergingIntList": [3, 1, 2]}), ITEM), json!({"mergingIntList": [3, 1, 2]}));
+        assert_eq!(smp(ints, json!({"mergingIntList": [3, 1]}), ITEM), json!({"mergingIntList": [2, 3, 1]}));
         assert_eq!(
-            smp(ints.clone(), json!({"mergingIntList": [3, 1, 2]}), ITEM),
-            json!({"mergingIntList": [3, 1, 2]})
-        );
-        assert_eq!(
-            smp(ints, json!({"mergingIntList": [3, 1]}), ITEM),
-            json!({"mergingIntList": [2, 3, 1]})
-        );
-        assert_eq!(
-            smp(
-                json!({"mergingIntList": [1, 2]}),
-                json!({"mergingIntList": [2, 3]}),
-                ITEM
-            ),
+            smp(json!({"mergingIntList": [1, 2]}), json!({"mergingIntList": [2, 3]}), ITEM),
             json!({"mergingIntList": [1, 2, 3]})
         );
     }
@@ -1267,30 +1006,16 @@ mod tests {
             ITEM,
         );
         assert_eq!(out, json!({"mergingList": []}));
-        let out = smp(
-            json!({"name": 1, "value": 1}),
-            json!({"other": "a", "$patch": "replace"}),
-            ITEM,
-        );
+        let out = smp(json!({"name": 1, "value": 1}), json!({"other": "a", "$patch": "replace"}), ITEM);
         assert_eq!(out, json!({"other": "a"}));
-        let out = smp(
-            json!({"simpleMap": {"key1": 1, "key2": 1}}),
-            json!({"simpleMap": {"$patch": "delete"}}),
-            ITEM,
-        );
+        let out = smp(json!({"simpleMap": {"key1": 1, "key2": 1}}), json!({"simpleMap": {"$patch": "delete"}}), ITEM);
         assert_eq!(out, json!({"simpleMap": {}}));
-        let dup = json!({"mergingList": [{"name": 1}, {"name": 1}, {"name": 2, "value": "a"}, {"name": 3}, {"name": 3}]});
-        let out = smp(
-            dup,
-            json!({"mergingList": [{"name": 1, "$patch": "delete"}, {"name": 3, "$patch": "delete"}]}),
-            ITEM,
-        );
+        let dup =
+            json!({"mergingList": [{"name": 1}, {"name": 1}, {"name": 2, "value": "a"}, {"name": 3}, {"name": 3}]});
+        let out =
+            smp(dup, json!({"mergingList": [{"name": 1, "$patch": "delete"}, {"name": 3, "$patch": "delete"}]}), ITEM);
         assert_eq!(out, json!({"mergingList": [{"name": 2, "value": "a"}]}));
-        let out = smp(
-            json!({"name": "a", "other": "a"}),
-            json!({"name": 1, "value": 1, "other": null}),
-            ITEM,
-        );
+        let out = smp(json!({"name": "a", "other": "a"}), json!({"name": 1, "value": 1, "other": null}), ITEM);
         assert_eq!(out, json!({"name": 1, "value": 1}));
     }
 
@@ -1314,20 +1039,13 @@ mod tests {
             "mergingList": [{"name": 3, "value": 3}, {"name": 1, "value": 1}]
         });
         assert_eq!(
-            smp(
-                json!({"mergingList": [{"name": 1}, {"name": 3}]}),
-                patch,
-                ITEM
-            ),
+            smp(json!({"mergingList": [{"name": 1}, {"name": 3}]}), patch, ITEM),
             json!({"mergingList": [{"name": 3, "value": 3}, {"name": 1, "value": 1}]})
         );
 
         // "delete items in lists of scalars" (three-way result).
         let patch = json!({"$setElementOrder/mergingIntList": [1, 2], "$deleteFromPrimitiveList/mergingIntList": [3]});
-        assert_eq!(
-            smp(json!({"mergingIntList": [1, 2, 3, 4]}), patch, ITEM),
-            json!({"mergingIntList": [1, 2, 4]})
-        );
+        assert_eq!(smp(json!({"mergingIntList": [1, 2, 3, 4]}), patch, ITEM), json!({"mergingIntList": [1, 2, 4]}));
 
         // "behavior of set element order for a merging int list with duplicate".
         let patch = json!({"$setElementOrder/mergingIntList": [2, 1, 4, 3, 2]});
@@ -1357,11 +1075,7 @@ mod tests {
             "$setElementOrder/mergingList": [{"name": 1}, {"name": 2}, {"name": 3}],
             "mergingList": [{"name": 3, "value": 3}, {"name": 1, "value": 1}]
         });
-        let err = smp_err(
-            json!({"mergingList": [{"name": 1}, {"name": 3}, {"name": 2}]}),
-            patch,
-            ITEM,
-        );
+        let err = smp_err(json!({"mergingList": [{"name": 1}, {"name": 3}, {"name": 2}]}), patch, ITEM);
         assert!(err.to_string().contains("does not match"), "{err}");
         let patch = json!({"$setElementOrder/mergingIntList": [1, 2, 3], "mergingIntList": [3, 1]});
         let err = smp_err(json!({"mergingIntList": [1, 3, 2]}), patch, ITEM);
@@ -1373,10 +1087,7 @@ mod tests {
             json!({"mergingList": [{"value": "b"}]}),
             ITEM,
         );
-        assert!(
-            matches!(err, PatchError::MissingMergeKey { key: "name", .. }),
-            "{err}"
-        );
+        assert!(matches!(err, PatchError::MissingMergeKey { key: "name", .. }), "{err}");
     }
 
     #[test]
@@ -1387,10 +1098,7 @@ mod tests {
             json!({"retainKeysMap": {"$retainKeys": ["name", "other"], "name": "type2", "other": "bar"}}),
             ITEM,
         );
-        assert_eq!(
-            out,
-            json!({"retainKeysMap": {"name": "type2", "other": "bar"}})
-        );
+        assert_eq!(out, json!({"retainKeysMap": {"name": "type2", "other": "bar"}}));
 
         // "retainKeys map adds an item in nested merging list".
         let patch = json!({"retainKeysMap": {
@@ -1398,7 +1106,8 @@ mod tests {
             "$setElementOrder/mergingList": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
             "mergingList": [{"name": "c"}]
         }});
-        let current = json!({"retainKeysMap": {"name": "foo", "mergingList": [{"name": "a"}, {"name": "b"}, {"name": "x"}]}});
+        let current =
+            json!({"retainKeysMap": {"name": "foo", "mergingList": [{"name": "a"}, {"name": "b"}, {"name": "x"}]}});
         assert_eq!(
             smp(current, patch, ITEM),
             json!({"retainKeysMap": {"name": "foo", "mergingList": [{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "x"}]}})

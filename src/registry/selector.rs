@@ -26,11 +26,7 @@ pub enum SelectorError {
     InvalidKey { key: String, reason: String },
     /// A value that is not a valid label value.
     #[error("invalid label value: {value:?}: at key: {key:?}: {reason}")]
-    InvalidValue {
-        key: String,
-        value: String,
-        reason: String,
-    },
+    InvalidValue { key: String, value: String, reason: String },
     /// Values that do not suit the operator (their number, or integers for `>` and `<`).
     #[error("{0}")]
     InvalidValues(&'static str),
@@ -60,10 +56,7 @@ fn validate_key(key: &str) -> Result<(), SelectorError> {
     if errs.is_empty() {
         return Ok(());
     }
-    Err(SelectorError::InvalidKey {
-        key: key.to_string(),
-        reason: errs.join("; "),
-    })
+    Err(SelectorError::InvalidKey { key: key.to_string(), reason: errs.join("; ") })
 }
 
 fn validate_value(key: &str, value: &str) -> Result<(), SelectorError> {
@@ -71,11 +64,7 @@ fn validate_value(key: &str, value: &str) -> Result<(), SelectorError> {
     if errs.is_empty() {
         return Ok(());
     }
-    Err(SelectorError::InvalidValue {
-        key: key.to_string(),
-        value: value.to_string(),
-        reason: errs.join("; "),
-    })
+    Err(SelectorError::InvalidValue { key: key.to_string(), value: value.to_string(), reason: errs.join("; ") })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,9 +94,7 @@ impl Requirement {
         use Operator::*;
         validate_key(&key)?;
         let invalid = match op {
-            In | NotIn if values.is_empty() => {
-                Some("for 'in', 'notin' operators, values set can't be empty")
-            }
+            In | NotIn if values.is_empty() => Some("for 'in', 'notin' operators, values set can't be empty"),
             Equals | DoubleEquals | NotEquals if values.len() != 1 => {
                 Some("exact-match compatibility requires one single value")
             }
@@ -137,28 +124,20 @@ impl Requirement {
 
     fn matches(&self, labels: Option<&Map<String, Value>>) -> bool {
         use Operator::*;
-        let label = labels
-            .and_then(|l| l.get(&self.key))
-            .and_then(Value::as_str);
+        let label = labels.and_then(|l| l.get(&self.key)).and_then(Value::as_str);
         match self.op {
             Equals | DoubleEquals | In => label.is_some_and(|v| self.has_value(v)),
             NotEquals | NotIn => !label.is_some_and(|v| self.has_value(v)),
             Exists => label.is_some(),
             DoesNotExist => label.is_none(),
             GreaterThan | LessThan => {
-                let (Some(Ok(label)), [bound]) =
-                    (label.map(str::parse::<i64>), self.values.as_slice())
-                else {
+                let (Some(Ok(label)), [bound]) = (label.map(str::parse::<i64>), self.values.as_slice()) else {
                     return false;
                 };
                 let Ok(bound) = bound.parse::<i64>() else {
                     return false;
                 };
-                if self.op == GreaterThan {
-                    label > bound
-                } else {
-                    label < bound
-                }
+                if self.op == GreaterThan { label > bound } else { label < bound }
             }
         }
     }
@@ -203,10 +182,7 @@ impl LabelSelector {
     /// Parses the string form used by `?labelSelector=` and `kubectl -l`.
     /// The empty string selects everything.
     pub fn parse(s: &str) -> Result<Self, SelectorError> {
-        let mut parser = Parser {
-            items: lex(s),
-            pos: 0,
-        };
+        let mut parser = Parser { items: lex(s), pos: 0 };
         Ok(Self::sorted(parser.parse()?))
     }
 
@@ -217,10 +193,7 @@ impl LabelSelector {
 
     /// A selector that matches no object, as a null `metav1.LabelSelector` does.
     pub fn nothing() -> Self {
-        Self {
-            requirements: Vec::new(),
-            nothing: true,
-        }
+        Self { requirements: Vec::new(), nothing: true }
     }
 
     /// True when the selector does not restrict anything.
@@ -249,14 +222,8 @@ impl LabelSelector {
             Some(_) => return Err(malformed("matchLabels must be an object")),
         };
         for (key, value) in labels.into_iter().flatten() {
-            let value = value
-                .as_str()
-                .ok_or_else(|| malformed(&format!("matchLabels[{key}] must be a string")))?;
-            requirements.push(Requirement::new(
-                key.clone(),
-                Operator::Equals,
-                vec![value.to_string()],
-            )?);
+            let value = value.as_str().ok_or_else(|| malformed(&format!("matchLabels[{key}] must be a string")))?;
+            requirements.push(Requirement::new(key.clone(), Operator::Equals, vec![value.to_string()])?);
         }
         let expressions = match selector.get("matchExpressions") {
             None | Some(Value::Null) => &[][..],
@@ -271,10 +238,7 @@ impl LabelSelector {
 
     fn sorted(mut requirements: Vec<Requirement>) -> Self {
         requirements.sort_by(|a, b| a.key.cmp(&b.key));
-        Self {
-            requirements,
-            nothing: false,
-        }
+        Self { requirements, nothing: false }
     }
 }
 
@@ -374,8 +338,7 @@ fn lex(s: &str) -> Vec<(Token, &str)> {
     let mut rest = s.trim_start_matches(is_whitespace);
     while let Some(c) = rest.chars().next() {
         let len = if !is_special(c) {
-            rest.find(|c| is_special(c) || is_whitespace(c))
-                .unwrap_or(rest.len())
+            rest.find(|c| is_special(c) || is_whitespace(c)).unwrap_or(rest.len())
         } else if rest.starts_with("!=") || rest.starts_with("==") {
             2
         } else {
@@ -398,10 +361,7 @@ struct Parser<'a> {
 impl<'a> Parser<'a> {
     /// The next token as an operator: `in` and `notin` are keywords.
     fn peek_operator(&self) -> (Token, &'a str) {
-        self.items
-            .get(self.pos)
-            .copied()
-            .unwrap_or((Token::End, ""))
+        self.items.get(self.pos).copied().unwrap_or((Token::End, ""))
     }
 
     /// The next token as a key or value: `in` and `notin` are identifiers.
@@ -425,29 +385,21 @@ impl<'a> Parser<'a> {
                 (Token::End, _) => return Ok(requirements),
                 (Token::Identifier | Token::Not, _) => {}
                 (_, lit) => {
-                    return Err(syntax(format!(
-                        "found '{lit}', expected: !, identifier, or 'end of string'"
-                    )));
+                    return Err(syntax(format!("found '{lit}', expected: !, identifier, or 'end of string'")));
                 }
             }
-            let requirement = self
-                .requirement()
-                .map_err(|e| SelectorError::Requirement(Box::new(e)))?;
+            let requirement = self.requirement().map_err(|e| SelectorError::Requirement(Box::new(e)))?;
             requirements.push(requirement);
             match self.next() {
                 (Token::End, _) => return Ok(requirements),
                 (Token::Comma, _) => {
                     let (tok, lit) = self.peek();
                     if !matches!(tok, Token::Identifier | Token::Not) {
-                        return Err(syntax(format!(
-                            "found '{lit}', expected: identifier after ','"
-                        )));
+                        return Err(syntax(format!("found '{lit}', expected: identifier after ','")));
                     }
                 }
                 (_, lit) => {
-                    return Err(syntax(format!(
-                        "found '{lit}', expected: ',' or 'end of string'"
-                    )));
+                    return Err(syntax(format!("found '{lit}', expected: ',' or 'end of string'")));
                 }
             }
         }
@@ -481,9 +433,7 @@ impl<'a> Parser<'a> {
             Token::GreaterThan => Operator::GreaterThan,
             Token::LessThan => Operator::LessThan,
             _ => {
-                return Err(syntax(format!(
-                    "found '{lit}', expected: '=', '!=', '==', 'in', 'notin', '>', '<'"
-                )));
+                return Err(syntax(format!("found '{lit}', expected: '=', '!=', '==', 'in', 'notin', '>', '<'")));
             }
         };
         let values = match op {
@@ -506,9 +456,7 @@ impl<'a> Parser<'a> {
             }
             (Token::Identifier | Token::Comma, _) => self.values(&mut values)?,
             (_, lit) => {
-                return Err(syntax(format!(
-                    "found '{lit}', expected: ',', ')' or identifier"
-                )));
+                return Err(syntax(format!("found '{lit}', expected: ',', ')' or identifier")));
             }
         }
         self.next(); // the ')' that `values` stopped at
@@ -545,9 +493,7 @@ impl<'a> Parser<'a> {
                     }
                 }
                 (_, lit) => {
-                    return Err(syntax(format!(
-                        "found '{lit}', expected: ',', or identifier"
-                    )));
+                    return Err(syntax(format!("found '{lit}', expected: ',', or identifier")));
                 }
             }
         }
@@ -590,16 +536,9 @@ impl FieldSelector {
             .into_iter()
             .filter(|part| !part.is_empty())
             .map(|part| {
-                let (field, op, raw) =
-                    split_term(part).ok_or_else(|| SelectorError::FieldTerm {
-                        selector: s.to_string(),
-                        term: part.to_string(),
-                    })?;
-                Ok(FieldTerm {
-                    field: field.to_string(),
-                    value: unescape(raw)?,
-                    equal: op != "!=",
-                })
+                let (field, op, raw) = split_term(part)
+                    .ok_or_else(|| SelectorError::FieldTerm { selector: s.to_string(), term: part.to_string() })?;
+                Ok(FieldTerm { field: field.to_string(), value: unescape(raw)?, equal: op != "!=" })
             })
             .collect::<Result<_, SelectorError>>()?;
         Ok(Self { terms })
@@ -623,17 +562,12 @@ impl FieldSelector {
     /// Matches an object whose value for a field is `lookup(field)`; `None` counts as the empty
     /// string, as upstream's field sets do.
     pub fn matches(&self, lookup: impl Fn(&str) -> Option<String>) -> bool {
-        self.terms
-            .iter()
-            .all(|t| (lookup(&t.field).as_deref().unwrap_or("") == t.value) == t.equal)
+        self.terms.iter().all(|t| (lookup(&t.field).as_deref().unwrap_or("") == t.value) == t.equal)
     }
 
     /// The value `field` must equal, when a term such as `metadata.name=foo` requires one.
     pub fn exact(&self, field: &str) -> Option<&str> {
-        self.terms
-            .iter()
-            .find(|t| t.equal && t.field == field)
-            .map(|t| t.value.as_str())
+        self.terms.iter().find(|t| t.equal && t.field == field).map(|t| t.value.as_str())
     }
 }
 
@@ -674,10 +608,7 @@ fn split_terms(s: &str) -> Vec<&str> {
 fn split_term(term: &str) -> Option<(&str, &'static str, &str)> {
     term.char_indices().find_map(|(i, _)| {
         let rest = &term[i..];
-        ["!=", "==", "="]
-            .into_iter()
-            .find(|op| rest.starts_with(op))
-            .map(|op| (&term[..i], op, &rest[op.len()..]))
+        ["!=", "==", "="].into_iter().find(|op| rest.starts_with(op)).map(|op| (&term[..i], op, &rest[op.len()..]))
     })
 }
 
@@ -744,19 +675,7 @@ mod tests {
 
     #[test]
     fn parses_and_restrings() {
-        for s in [
-            "x=a,y=b,z=c",
-            "",
-            "x!=a,y=b",
-            "x=",
-            "x= ",
-            "x=,z= ",
-            "x= ,z= ",
-            "!x",
-            "x>1",
-            "x>1,z<5",
-            "x==a",
-        ] {
+        for s in ["x=a,y=b,z=c", "", "x!=a,y=b", "x=", "x= ", "x=,z= ", "x= ,z= ", "!x", "x>1", "x>1,z<5", "x==a"] {
             assert_eq!(canonical(s), s.replace(' ', ""), "{s}");
         }
     }
@@ -766,10 +685,7 @@ mod tests {
         for (input, want) in [
             ("\rx", "x"),
             ("a ", "a"),
-            (
-                "this-is-a-dns.domain.com/key-with-dash",
-                "this-is-a-dns.domain.com/key-with-dash",
-            ),
+            ("this-is-a-dns.domain.com/key-with-dash", "this-is-a-dns.domain.com/key-with-dash"),
             ("k8s.io/app in (so,what)", "k8s.io/app in (so,what)"),
             (
                 "0.1.2.domain/99 notin (10.10.100.1, tick.tack.clock)",
@@ -784,10 +700,7 @@ mod tests {
             ("x in (a,,)", "x in (,a)"),
             ("x in ()", "x in ()"),
             ("x notin ( )", "x notin ()"),
-            (
-                "x notin (abc,,def),bar,z in (),w",
-                "bar,w,x notin (,abc,def),z in ()",
-            ),
+            ("x notin (abc,,def),bar,z in (),w", "bar,w,x notin (,abc,def),z in ()"),
             ("a in (x,y,notin, z,in)", "a in (in,notin,x,y,z)"),
             ("in in (in),notin=notin", "in in (in),notin=notin"),
             ("x=a,a=x", "a=x,x=a"),
@@ -803,55 +716,19 @@ mod tests {
             ("x=a||y=b", "invalid label value: \"a||y\": at key: \"x\""),
             ("x==a==b", "found '==', expected: ',' or 'end of string'"),
             ("!x=a", "found '=', expected: ',' or 'end of string'"),
-            (
-                ",x,y",
-                "found ',', expected: !, identifier, or 'end of string'",
-            ),
+            (",x,y", "found ',', expected: !, identifier, or 'end of string'"),
             ("a in (xyz),", "found '', expected: identifier after ','"),
-            (
-                "a in (xyz)b notin ()",
-                "found 'b', expected: ',' or 'end of string'",
-            ),
-            (
-                "x nott in (y)",
-                "found 'nott', expected: '=', '!=', '==', 'in', 'notin'",
-            ),
-            (
-                "a (",
-                "unable to parse requirement: found '(', expected: '=', '!=', '==', 'in', 'notin', '>', '<'",
-            ),
-            (
-                "(",
-                "found '(', expected: !, identifier, or 'end of string'",
-            ),
-            (
-                "a notin(",
-                "unable to parse requirement: found '', expected: ',', ')' or identifier",
-            ),
-            (
-                "a in (xyz abc)",
-                "unable to parse requirement: found 'abc', expected: ',' or ')'",
-            ),
-            (
-                "a in (x,=)",
-                "unable to parse requirement: found '=', expected: ',', or identifier",
-            ),
-            (
-                "a in x",
-                "unable to parse requirement: found 'x', expected: '('",
-            ),
-            (
-                "x=(",
-                "unable to parse requirement: found '(', expected: identifier",
-            ),
-            (
-                "!",
-                "unable to parse requirement: found '', expected: identifier",
-            ),
-            (
-                "!=a",
-                "found '!=', expected: !, identifier, or 'end of string'",
-            ),
+            ("a in (xyz)b notin ()", "found 'b', expected: ',' or 'end of string'"),
+            ("x nott in (y)", "found 'nott', expected: '=', '!=', '==', 'in', 'notin'"),
+            ("a (", "unable to parse requirement: found '(', expected: '=', '!=', '==', 'in', 'notin', '>', '<'"),
+            ("(", "found '(', expected: !, identifier, or 'end of string'"),
+            ("a notin(", "unable to parse requirement: found '', expected: ',', ')' or identifier"),
+            ("a in (xyz abc)", "unable to parse requirement: found 'abc', expected: ',' or ')'"),
+            ("a in (x,=)", "unable to parse requirement: found '=', expected: ',', or identifier"),
+            ("a in x", "unable to parse requirement: found 'x', expected: '('"),
+            ("x=(", "unable to parse requirement: found '(', expected: identifier"),
+            ("!", "unable to parse requirement: found '', expected: identifier"),
+            ("!=a", "found '!=', expected: !, identifier, or 'end of string'"),
         ] {
             match LabelSelector::parse(input) {
                 Ok(s) => panic!("{input}: parsed as {s}"),
@@ -862,15 +739,9 @@ mod tests {
 
     #[test]
     fn validates_keys_and_values() {
-        assert_eq!(
-            label_err("app=a b"),
-            "found 'b', expected: ',' or 'end of string'"
-        );
+        assert_eq!(label_err("app=a b"), "found 'b', expected: ',' or 'end of string'");
         let err = label_err("app in (a b)");
-        assert_eq!(
-            err,
-            "unable to parse requirement: found 'b', expected: ',' or ')'"
-        );
+        assert_eq!(err, "unable to parse requirement: found 'b', expected: ',' or ')'");
         let err = label_err("app=-bad");
         assert!(
             err.starts_with(
@@ -879,10 +750,7 @@ mod tests {
             "{err}"
         );
         let err = label_err("-app=x");
-        assert!(
-            err.starts_with("unable to parse requirement: invalid label key \"-app\": name part"),
-            "{err}"
-        );
+        assert!(err.starts_with("unable to parse requirement: invalid label key \"-app\": name part"), "{err}");
         // The key is checked before the operator, as upstream does.
         assert!(label_err("a/b/c (").contains("invalid label key \"a/b/c\""));
         assert!(label_err("!-x").contains("invalid label key \"-x\""));
@@ -992,20 +860,14 @@ mod tests {
             Ok(s) => s,
             Err(e) => panic!("{e}"),
         };
-        assert_eq!(
-            s.to_string(),
-            "app=web,!canary,env in (dev,prod,prod),team,tier=front,zone notin (b)"
-        );
+        assert_eq!(s.to_string(), "app=web,!canary,env in (dev,prod,prod),team,tier=front,zone notin (b)");
         let pod = labels(json!({"app": "web", "tier": "front", "env": "dev", "team": "x"}));
         assert!(s.matches(Some(&pod)));
         let pod = labels(json!({"app": "web", "tier": "front", "env": "qa", "team": "x"}));
         assert!(!s.matches(Some(&pod)));
 
         assert_eq!(from_json(json!({})), Ok(LabelSelector::everything()));
-        assert_eq!(
-            from_json(json!({"matchLabels": null, "matchExpressions": null})),
-            Ok(LabelSelector::everything())
-        );
+        assert_eq!(from_json(json!({"matchLabels": null, "matchExpressions": null})), Ok(LabelSelector::everything()));
         assert_eq!(from_json(Value::Null), Ok(LabelSelector::nothing()));
     }
 
@@ -1032,14 +894,8 @@ mod tests {
             expr(json!({"key": "a", "operator": "Gt", "values": ["1"]})),
             Err("\"Gt\" is not a valid label selector operator".to_string())
         );
-        assert_eq!(
-            expr(json!({"key": "a"})),
-            Err("\"\" is not a valid label selector operator".to_string())
-        );
-        assert!(
-            expr(json!({"operator": "Exists"}))
-                .is_err_and(|e| e.contains("invalid label key \"\""))
-        );
+        assert_eq!(expr(json!({"key": "a"})), Err("\"\" is not a valid label selector operator".to_string()));
+        assert!(expr(json!({"operator": "Exists"})).is_err_and(|e| e.contains("invalid label key \"\"")));
         assert!(
             expr(json!({"key": "a", "operator": "In", "values": ["a b"]}))
                 .is_err_and(|e| e.starts_with("invalid label value: \"a b\": at key: \"a\""))
@@ -1051,18 +907,9 @@ mod tests {
         for (bad, want) in [
             (json!([]), "invalid label selector: must be an object"),
             (json!({"matchLabels": []}), "matchLabels must be an object"),
-            (
-                json!({"matchLabels": {"a": 1}}),
-                "matchLabels[a] must be a string",
-            ),
-            (
-                json!({"matchExpressions": {}}),
-                "matchExpressions must be an array",
-            ),
-            (
-                json!({"matchExpressions": [1]}),
-                "matchExpressions[0] must be an object",
-            ),
+            (json!({"matchLabels": {"a": 1}}), "matchLabels[a] must be a string"),
+            (json!({"matchExpressions": {}}), "matchExpressions must be an array"),
+            (json!({"matchExpressions": [1]}), "matchExpressions[0] must be an object"),
             (
                 json!({"matchExpressions": [{"key": 1, "operator": "Exists"}]}),
                 "matchExpressions[0].key must be a string",
@@ -1076,10 +923,7 @@ mod tests {
                 "matchExpressions[0].values must be strings",
             ),
         ] {
-            assert!(
-                from_json(bad.clone()).is_err_and(|e| e.contains(want)),
-                "{bad}"
-            );
+            assert!(from_json(bad.clone()).is_err_and(|e| e.contains(want)), "{bad}");
         }
     }
 
@@ -1099,15 +943,7 @@ mod tests {
 
     #[test]
     fn field_selectors_parse_and_restring() {
-        for s in [
-            "x=a,y=b,z=c",
-            "",
-            "x!=a,y=b",
-            r"x=a||y\=b",
-            r"x=a\=\=b",
-            "a=",
-            "목=록,함=수",
-        ] {
+        for s in ["x=a,y=b,z=c", "", "x!=a,y=b", r"x=a||y\=b", r"x=a\=\=b", "a=", "목=록,함=수"] {
             assert_eq!(field(s).to_string(), s, "{s}");
         }
         assert_eq!(field("x=a,a=x").to_string(), "a=x,x=a");
@@ -1137,38 +973,14 @@ mod tests {
 
     #[test]
     fn field_selector_errors() {
-        assert_eq!(
-            field_err("x"),
-            "invalid selector: 'x'; can't understand 'x'"
-        );
-        assert_eq!(
-            field_err("a=b,x in (a)"),
-            "invalid selector: 'a=b,x in (a)'; can't understand 'x in (a)'"
-        );
-        assert_eq!(
-            field_err("x==a==b"),
-            "invalid field selector: unescaped character in value: '='"
-        );
-        assert_eq!(
-            field_err("x=a,b"),
-            "invalid selector: 'x=a,b'; can't understand 'b'"
-        );
-        assert_eq!(
-            field_err(r"k=\a"),
-            r"invalid field selector: invalid escape sequence: \a"
-        );
-        assert_eq!(
-            field_err(r"k=\"),
-            r"invalid field selector: invalid escape sequence: \"
-        );
-        assert_eq!(
-            field_err(r"k=\\\"),
-            r"invalid field selector: invalid escape sequence: \"
-        );
-        assert_eq!(
-            field_err(r"k=\!"),
-            r"invalid field selector: invalid escape sequence: \!"
-        );
+        assert_eq!(field_err("x"), "invalid selector: 'x'; can't understand 'x'");
+        assert_eq!(field_err("a=b,x in (a)"), "invalid selector: 'a=b,x in (a)'; can't understand 'x in (a)'");
+        assert_eq!(field_err("x==a==b"), "invalid field selector: unescaped character in value: '='");
+        assert_eq!(field_err("x=a,b"), "invalid selector: 'x=a,b'; can't understand 'b'");
+        assert_eq!(field_err(r"k=\a"), r"invalid field selector: invalid escape sequence: \a");
+        assert_eq!(field_err(r"k=\"), r"invalid field selector: invalid escape sequence: \");
+        assert_eq!(field_err(r"k=\\\"), r"invalid field selector: invalid escape sequence: \");
+        assert_eq!(field_err(r"k=\!"), r"invalid field selector: invalid escape sequence: \!");
     }
 
     #[test]
@@ -1201,9 +1013,6 @@ mod tests {
         assert_eq!(s.exact("spec.nodeName"), None);
         assert_eq!(field("metadata.name==").exact("metadata.name"), Some(""));
         assert_eq!(field("").exact("metadata.name"), None);
-        assert_eq!(
-            s.fields().collect::<Vec<_>>(),
-            ["metadata.name", "metadata.namespace", "status.phase"]
-        );
+        assert_eq!(s.fields().collect::<Vec<_>>(), ["metadata.name", "metadata.namespace", "status.phase"]);
     }
 }

@@ -46,11 +46,6 @@ impl ResourceInfo {
     pub fn list_kind(&self) -> String {
         format!("{}List", self.kind)
     }
-
-    /// The `status` subresource is served.
-    pub fn has_status(&self) -> bool {
-        self.subresources.contains(&"status")
-    }
 }
 
 /// One column of a server-side Table, as `TableColumnDefinition`.
@@ -190,14 +185,14 @@ pub trait Kind: Send + Sync + 'static {
     /// Marks an object whose deletion has begun (a namespace turns `Terminating`).
     fn mark_deleting(&self, _obj: &mut Self::Obj) {}
     /// Converts a stored object into this resource's representation (for two views of one storage).
-    fn from_storage(&self, stored: Value) -> Result<Value> {
+    fn decode_stored(&self, stored: Value) -> Result<Value> {
         Ok(stored)
     }
     /// Converts this resource's representation into the stored one.
-    fn to_storage(&self, obj: Value) -> Result<Value> {
+    fn encode_stored(&self, obj: Value) -> Result<Value> {
         Ok(obj)
     }
-    /// Whether [`Kind::from_storage`] changes anything (if not, stored bytes are served as they are).
+    /// Whether [`Kind::decode_stored`] changes anything (if not, stored bytes are served as they are).
     fn converts(&self) -> bool {
         false
     }
@@ -222,8 +217,8 @@ pub trait Strategy: Send + Sync {
     fn columns(&self) -> Vec<Column>;
     fn cells(&self, obj: &Value) -> Result<Vec<Value>>;
     fn deletion(&self, obj: &Value, ctx: &DeleteContext<'_>) -> Result<Deletion>;
-    fn from_storage(&self, stored: Value) -> Result<Value>;
-    fn to_storage(&self, obj: Value) -> Result<Value>;
+    fn decode_stored(&self, stored: Value) -> Result<Value>;
+    fn encode_stored(&self, obj: Value) -> Result<Value>;
     fn converts(&self) -> bool;
     /// Adds this kind's schema to an OpenAPI generator and returns the reference to it.
     fn schema(&self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema;
@@ -342,11 +337,11 @@ impl<K: Kind> Strategy for Typed<K> {
         Ok(self.0.deletion(&self.typed(obj)?, ctx))
     }
 
-    fn from_storage(&self, stored: Value) -> Result<Value> {
-        self.0.from_storage(stored)
+    fn decode_stored(&self, stored: Value) -> Result<Value> {
+        self.0.decode_stored(stored)
     }
-    fn to_storage(&self, obj: Value) -> Result<Value> {
-        self.0.to_storage(obj)
+    fn encode_stored(&self, obj: Value) -> Result<Value> {
+        self.0.encode_stored(obj)
     }
     fn converts(&self) -> bool {
         self.0.converts()

@@ -75,7 +75,8 @@ async fn wrong_kind_unknown_fields_and_invalid_names() {
 async fn namespace_must_exist() {
     let (_d, reg) = registry().await;
     let cms = res(&reg, "", "configmaps");
-    let e = reg.create(&cms, Some("nope"), json!({"metadata": {"name": "x"}}), &WriteOptions::default()).await.unwrap_err();
+    let e =
+        reg.create(&cms, Some("nope"), json!({"metadata": {"name": "x"}}), &WriteOptions::default()).await.unwrap_err();
     assert_eq!((e.code, e.message.as_str()), (404, "namespaces \"nope\" not found"));
 }
 
@@ -83,7 +84,10 @@ async fn namespace_must_exist() {
 async fn stale_update_conflicts_and_noop_update_keeps_revision() {
     let (_d, reg) = registry().await;
     let cms = res(&reg, "", "configmaps");
-    let w = reg.create(&cms, Some("default"), json!({"metadata": {"name": "c"}, "data": {"a": "1"}}), &WriteOptions::default()).await.unwrap();
+    let w = reg
+        .create(&cms, Some("default"), json!({"metadata": {"name": "c"}, "data": {"a": "1"}}), &WriteOptions::default())
+        .await
+        .unwrap();
     let first = value(&w.object);
     let mut change = first.clone();
     change["data"]["a"] = json!("2");
@@ -104,10 +108,14 @@ async fn generation_follows_spec_only() {
     let pods = res(&reg, "", "pods");
     reg.create(&pods, Some("default"), pod("g"), &WriteOptions::default()).await.unwrap();
     let label = br#"{"metadata":{"labels":{"x":"y"}}}"#;
-    let w = reg.patch(&pods, Some("default"), "g", label, PatchType::Merge, None, &WriteOptions::default()).await.unwrap();
+    let w =
+        reg.patch(&pods, Some("default"), "g", label, PatchType::Merge, None, &WriteOptions::default()).await.unwrap();
     assert_eq!(value(&w.object)["metadata"]["generation"], 1);
     let image = br#"{"spec":{"containers":[{"name":"c","image":"busybox:2"}]}}"#;
-    let w = reg.patch(&pods, Some("default"), "g", image, PatchType::StrategicMerge, None, &WriteOptions::default()).await.unwrap();
+    let w = reg
+        .patch(&pods, Some("default"), "g", image, PatchType::StrategicMerge, None, &WriteOptions::default())
+        .await
+        .unwrap();
     let v = value(&w.object);
     assert_eq!(v["metadata"]["generation"], 2);
     assert_eq!(v["spec"]["containers"][0]["image"], "busybox:2");
@@ -147,7 +155,10 @@ async fn bound_pod_deletes_gracefully_unbound_at_once() {
     let nodes = res(&reg, "", "nodes");
     reg.create(&nodes, None, json!({"metadata": {"name": "n1"}}), &WriteOptions::default()).await.unwrap();
     reg.create(&pods, Some("default"), pod("u"), &WriteOptions::default()).await.unwrap();
-    assert!(matches!(reg.delete(&pods, Some("default"), "u", &DeleteOptions::default()).await.unwrap(), Deleted::Gone(_)));
+    assert!(matches!(
+        reg.delete(&pods, Some("default"), "u", &DeleteOptions::default()).await.unwrap(),
+        Deleted::Gone(_)
+    ));
 
     reg.create(&pods, Some("default"), pod("p"), &WriteOptions::default()).await.unwrap();
     reg.bind("default", "p", &json!({"target": {"name": "n1"}})).await.unwrap();
@@ -171,9 +182,18 @@ async fn finalizers_hold_deletion_until_removed() {
     let cms = res(&reg, "", "configmaps");
     let body = json!({"metadata": {"name": "f", "finalizers": ["example.com/hold"]}});
     reg.create(&cms, Some("default"), body, &WriteOptions::default()).await.unwrap();
-    assert!(matches!(reg.delete(&cms, Some("default"), "f", &DeleteOptions::default()).await.unwrap(), Deleted::Pending(_)));
+    assert!(matches!(
+        reg.delete(&cms, Some("default"), "f", &DeleteOptions::default()).await.unwrap(),
+        Deleted::Pending(_)
+    ));
     let add = br#"{"metadata":{"finalizers":["example.com/hold","example.com/more"]}}"#;
-    assert_eq!(reg.patch(&cms, Some("default"), "f", add, PatchType::Merge, None, &WriteOptions::default()).await.unwrap_err().code, 422);
+    assert_eq!(
+        reg.patch(&cms, Some("default"), "f", add, PatchType::Merge, None, &WriteOptions::default())
+            .await
+            .unwrap_err()
+            .code,
+        422
+    );
     let clear = br#"{"metadata":{"finalizers":null}}"#;
     reg.patch(&cms, Some("default"), "f", clear, PatchType::Merge, None, &WriteOptions::default()).await.unwrap();
     assert_eq!(reg.get(&cms, Some("default"), "f").unwrap_err().code, 404);
@@ -212,9 +232,14 @@ async fn watch_translates_selector_transitions() {
     let cms = res(&reg, "", "configmaps");
     let opts = WatchOptions { labels: LabelSelector::parse("watched=yes").unwrap(), ..Default::default() };
     let mut w = reg.watch(&cms, Some("default"), opts).unwrap();
-    reg.create(&cms, Some("default"), json!({"metadata": {"name": "w", "labels": {"watched": "no"}}}), &WriteOptions::default())
-        .await
-        .unwrap();
+    reg.create(
+        &cms,
+        Some("default"),
+        json!({"metadata": {"name": "w", "labels": {"watched": "no"}}}),
+        &WriteOptions::default(),
+    )
+    .await
+    .unwrap();
     let on = br#"{"metadata":{"labels":{"watched":"yes"}}}"#;
     reg.patch(&cms, Some("default"), "w", on, PatchType::Merge, None, &WriteOptions::default()).await.unwrap();
     assert!(matches!(w.next().await.unwrap(), WatchItem::Added(_)));

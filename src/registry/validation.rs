@@ -52,11 +52,7 @@ impl FieldError {
     pub fn invalid(field: impl Into<String>, value: impl fmt::Display, detail: impl Into<String>) -> Self {
         let detail = detail.into();
         let value = value.to_string();
-        Self {
-            kind: ErrorType::Invalid,
-            field: field.into(),
-            detail: format!("Invalid value: {value:?}: {detail}"),
-        }
+        Self { kind: ErrorType::Invalid, field: field.into(), detail: format!("Invalid value: {value:?}: {detail}") }
     }
     pub fn not_supported(field: impl Into<String>, value: impl fmt::Display, valid: &[&str]) -> Self {
         let valid: Vec<String> = valid.iter().map(|v| format!("{v:?}")).collect();
@@ -70,7 +66,11 @@ impl FieldError {
         Self { kind: ErrorType::Forbidden, field: field.into(), detail: format!("Forbidden: {}", detail.into()) }
     }
     pub fn duplicate(field: impl Into<String>, value: impl fmt::Display) -> Self {
-        Self { kind: ErrorType::Duplicate, field: field.into(), detail: format!("Duplicate value: {:?}", value.to_string()) }
+        Self {
+            kind: ErrorType::Duplicate,
+            field: field.into(),
+            detail: format!("Duplicate value: {:?}", value.to_string()),
+        }
     }
     pub fn too_long(field: impl Into<String>, max: usize) -> Self {
         Self {
@@ -206,11 +206,10 @@ pub fn is_label_value(value: &str) -> Vec<String> {
     if value.len() > LABEL_VALUE_MAX {
         errs.push(format!("must be no more than {LABEL_VALUE_MAX} characters"));
     }
-    if !value.is_empty()
-        && !(value.chars().all(|c| is_alnum(c) || c == '-' || c == '_' || c == '.')
-            && value.starts_with(is_alnum)
-            && value.ends_with(is_alnum))
-    {
+    let well_formed = value.chars().all(|c| is_alnum(c) || c == '-' || c == '_' || c == '.')
+        && value.starts_with(is_alnum)
+        && value.ends_with(is_alnum);
+    if !value.is_empty() && !well_formed {
         errs.push(
             "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
                 .to_string(),
@@ -220,10 +219,7 @@ pub fn is_label_value(value: &str) -> Vec<String> {
 }
 
 /// Validates a map of labels the way `ValidateLabels` does.
-pub fn validate_labels<'a>(
-    labels: impl IntoIterator<Item = (&'a String, &'a String)>,
-    field: &str,
-) -> ErrorList {
+pub fn validate_labels<'a>(labels: impl IntoIterator<Item = (&'a String, &'a String)>, field: &str) -> ErrorList {
     let mut out = Vec::new();
     for (k, v) in labels {
         for e in is_qualified_name(k) {

@@ -28,7 +28,10 @@ pub enum WatchItem {
     Modified(Bytes),
     Deleted(Bytes),
     /// Progress marker; `initial_end` marks the end of the initial events.
-    Bookmark { revision: u64, initial_end: bool },
+    Bookmark {
+        revision: u64,
+        initial_end: bool,
+    },
 }
 
 impl WatchItem {
@@ -59,9 +62,9 @@ impl Watch {
     pub(super) fn start(store: &Store, resource: Resource, prefix: String, opts: WatchOptions) -> Result<Self> {
         let from = match opts.resource_version.as_deref() {
             None | Some("") | Some("0") => None,
-            Some(s) => Some(s.parse::<u64>().map_err(|_| {
-                StatusError::bad_request(format!("invalid resource version: {s:?}"))
-            })?),
+            Some(s) => Some(
+                s.parse::<u64>().map_err(|_| StatusError::bad_request(format!("invalid resource version: {s:?}")))?,
+            ),
         };
         let (initial, initial_end, sub) = match from {
             Some(rv) if !opts.send_initial_events => {
@@ -90,7 +93,7 @@ impl Watch {
         if !self.filtering() {
             return Ok(true);
         }
-        let v: Value = self.resource.from_storage(parse_stored(obj)?)?;
+        let v: Value = self.resource.decode_stored(parse_stored(obj)?)?;
         Ok(matches(&self.resource, &v, &self.labels, &self.fields))
     }
 

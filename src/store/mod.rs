@@ -68,14 +68,6 @@ pub struct Object {
     pub data: Bytes,
 }
 
-impl Object {
-    /// Parses the stored JSON. Stored bytes were produced by the store itself, so this only fails on
-    /// a damaged database.
-    pub fn value(&self) -> Result<Value> {
-        serde_json::from_slice(&self.data).map_err(|source| Error::Corrupt { key: String::new(), source })
-    }
-}
-
 /// What the stored object must look like for a write to proceed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precondition {
@@ -83,8 +75,6 @@ pub enum Precondition {
     Absent,
     /// The key must exist at exactly this revision (compare-and-swap).
     Revision(u64),
-    /// The key must exist, at any revision.
-    Exists,
 }
 
 /// One mutation of one key.
@@ -179,34 +169,21 @@ impl Store {
         self.read().objects.get(key).cloned()
     }
 
-    /// Every object whose key starts with `prefix` and sorts after `start` (exclusive), in key order,
-    /// with the revision the snapshot was taken at. `limit` bounds the count; the returned flag says
-    /// whether more objects follow.
-    pub fn list(&self, prefix: &str, after: Option<&str>, limit: Option<usize>) -> Listing {
+    /// Every object whose key starts with `prefix` and sorts after `after` (exclusive), in key order,
+    /// with the revision the snapshot was taken at.
+    pub fn list(&self, prefix: &str, after: Option<&str>) -> Listing {
         let state = self.read();
         let lower = match after {
             Some(a) => Bound::Excluded(a.to_string()),
             None => Bound::Included(prefix.to_string()),
         };
-        let mut items = Vec::new();
-        let mut remaining = 0usize;
-        for (key, obj) in state.objects.range((lower, Bound::Unbounded)) {
-            if !key.starts_with(prefix) {
-                break;
-            }
-            if limit.is_some_and(|l| items.len() >= l) {
-                remaining += 1;
-                continue;
-            }
-            items.push((key.clone(), obj.clone()));
-        }
-        Listing { items, revision: state.revision, remaining }
-    }
-
-    /// Counts the keys under `prefix`.
-    pub fn count(&self, prefix: &str) -> usize {
-        let state = self.read();
-        state.objects.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)).count()
+        let items = state
+            .objects
+            .range((lower, Bound::Unbounded))
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(key, obj)| (key.clone(), obj.clone()))
+            .collect();
+        Listing { items, revision: state.revision }
     }
 
     /// Subscribes to every event after revision `from`.
@@ -218,7 +195,7 @@ impl Store {
     /// yields only events newer than the snapshot.
     pub fn list_and_watch(&self, prefix: &str) -> (Listing, Subscription) {
         let mut sub = self.inner.hub.subscribe_now();
-        let listing = self.list(prefix, None, None);
+        let listing = self.list(prefix, None);
         sub.skip_through(listing.revision);
         (listing, sub)
     }
@@ -241,8 +218,6 @@ impl Store {
 pub struct Listing {
     pub items: Vec<(String, Arc<Object>)>,
     pub revision: u64,
-    /// How many more matching keys exist past `limit`.
-    pub remaining: usize,
 }
 
 struct Writer {
@@ -287,7 +262,7 @@ impl Writer {
                 Some(o) => o.clone(),
                 None => lookup(&req.key),
             };
-            let result = stage(&req.key, req.pre, req.op, current, revision + 1).map(|event| {
+            let result = stage(&req.key, req.pre, req.op, current, revision + 1).inspect(|event| {
                 revision = event.rv;
                 match event.kind {
                     EventType::Deleted => {
@@ -299,7 +274,6 @@ impl Writer {
                         overlay.insert(req.key.clone(), Some(event.object.clone()));
                     }
                 }
-                event
             });
             staged.push(Staged { reply: req.reply, result });
         }
@@ -355,7 +329,7 @@ impl Writer {
 fn stage(key: &str, pre: Precondition, op: Op, current: Option<Arc<Object>>, rv: u64) -> Result<Event> {
     match (&current, pre) {
         (Some(_), Precondition::Absent) => return Err(Error::AlreadyExists),
-        (None, Precondition::Revision(_) | Precondition::Exists) => return Err(Error::NotFound),
+        (None, Precondition::Revision(_)) => return Err(Error::NotFound),
         (Some(c), Precondition::Revision(want)) if c.rv != want => return Err(Error::Conflict { current: c.rv }),
         _ => {}
     }

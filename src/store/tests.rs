@@ -50,7 +50,7 @@ async fn preconditions_are_enforced() {
         Err(Error::Conflict { current }) if current == a.rv
     ));
     assert!(matches!(
-        store.write("c/x".into(), Precondition::Exists, Op::Put(obj("x"))).await,
+        store.write("c/x".into(), Precondition::Revision(1), Op::Put(obj("x"))).await,
         Err(Error::NotFound)
     ));
 }
@@ -82,13 +82,12 @@ async fn list_is_prefix_bounded_and_paginates() {
         store.write(format!("pods/ns1/{name}"), Precondition::Absent, Op::Put(obj(name))).await.unwrap();
     }
     store.write("pods/ns2/z".into(), Precondition::Absent, Op::Put(obj("z"))).await.unwrap();
-    let page = store.list("pods/ns1/", None, Some(2));
-    assert_eq!(page.items.len(), 2);
-    assert_eq!(page.remaining, 1);
-    let rest = store.list("pods/ns1/", Some(&page.items[1].0), Some(2));
+    let page = store.list("pods/ns1/", None);
+    assert_eq!(page.items.len(), 3);
+    let rest = store.list("pods/ns1/", Some(&page.items[1].0));
     assert_eq!(rest.items.len(), 1);
     assert_eq!(rest.items[0].0, "pods/ns1/c");
-    assert_eq!(store.list("pods/", None, None).items.len(), 4);
+    assert_eq!(store.list("pods/", None).items.len(), 4);
 }
 
 #[tokio::test]
@@ -102,15 +101,16 @@ async fn watch_resumes_and_expires() {
     assert_eq!((e.rv, e.kind), (a.rv, EventType::Added));
 
     // Resume from the middle of the history.
-    let b = store.write("c/a".into(), Precondition::Exists, Op::Put(obj("a"))).await.unwrap();
+    let b = store.write("c/a".into(), Precondition::Revision(a.rv), Op::Put(obj("a"))).await.unwrap();
     let mut resumed = store.watch(a.rv).unwrap();
     let e = resumed.next().await.unwrap();
     assert_eq!((e.rv, e.kind), (b.rv, EventType::Modified));
     assert_eq!(e.prev.as_ref().map(|p| p.rv), Some(a.rv));
 
     // The history keeps 4 events; older revisions are gone.
+    let mut rv = b.rv;
     for _ in 0..5 {
-        store.write("c/a".into(), Precondition::Exists, Op::Put(obj("a"))).await.unwrap();
+        rv = store.write("c/a".into(), Precondition::Revision(rv), Op::Put(obj("a"))).await.unwrap().rv;
     }
     assert!(matches!(store.watch(start), Err(Error::TooOld { .. })));
 }

@@ -85,12 +85,7 @@ impl Server {
 
     /// Runs kubectl against this server.
     pub fn kubectl(&self, args: &[&str]) -> Output {
-        Command::new(kubectl_path())
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .expect("run kubectl")
+        Command::new(kubectl_path()).arg("--kubeconfig").arg(&self.kubeconfig).args(args).output().expect("run kubectl")
     }
 
     /// Runs kubectl with `stdin` as input.
@@ -143,7 +138,11 @@ impl Server {
     /// Runs kubectl expecting failure; returns stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
-        assert!(!out.status.success(), "kubectl {args:?} should have failed:\n{}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            !out.status.success(),
+            "kubectl {args:?} should have failed:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
@@ -153,8 +152,7 @@ impl Server {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
-        dir
+        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"))
     }
 
     /// Stops the server with SIGTERM and waits for it.
@@ -165,6 +163,19 @@ impl Server {
             let _ = c.wait();
         }
         std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"))
+    }
+
+    /// The kube-rs client configuration of this server's admin kubeconfig.
+    pub async fn kube_config(&self) -> kube::Config {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("read the kubeconfig");
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("load the kubeconfig")
+    }
+
+    /// A kube-rs client with the admin credentials of this server's kubeconfig.
+    pub async fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.kube_config().await).expect("build a kube client")
     }
 
     pub fn pid(&self) -> u32 {

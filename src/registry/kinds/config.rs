@@ -92,7 +92,15 @@ impl Kind for ConfigMaps {
     }
 
     fn columns(&self) -> Vec<Column> {
-        vec![NAME_COLUMN, Column::new("Data", "string", "Data contains the configuration data. Each key must consist of alphanumeric characters, '-', '_' or '.'. Values with non-UTF-8 byte sequences must use the BinaryData field. The keys stored in Data must not overlap with the keys in the BinaryData field, this is enforced during validation process."), AGE_COLUMN]
+        vec![
+            NAME_COLUMN,
+            Column::new(
+                "Data",
+                "string",
+                "Data contains the configuration data. Each key must consist of alphanumeric characters, '-', '_' or '.'. Values with non-UTF-8 byte sequences must use the BinaryData field. The keys stored in Data must not overlap with the keys in the BinaryData field, this is enforced during validation process.",
+            ),
+            AGE_COLUMN,
+        ]
     }
 
     fn cells(&self, cm: &ConfigMap) -> Vec<Value> {
@@ -183,8 +191,16 @@ impl Kind for Secrets {
     fn columns(&self) -> Vec<Column> {
         vec![
             NAME_COLUMN,
-            Column::new("Type", "string", "Used to facilitate programmatic handling of secret data. More info: https://kubernetes.io/docs/concepts/configuration/secret/#secret-types"),
-            Column::new("Data", "string", "Data contains the secret data. Each key must consist of alphanumeric characters, '-', '_' or '.'. The serialized form of the secret data is a base64 encoded string, representing the arbitrary (possibly non-string) data value here. Described in https://tools.ietf.org/html/rfc4648#section-4"),
+            Column::new(
+                "Type",
+                "string",
+                "Used to facilitate programmatic handling of secret data. More info: https://kubernetes.io/docs/concepts/configuration/secret/#secret-types",
+            ),
+            Column::new(
+                "Data",
+                "string",
+                "Data contains the secret data. Each key must consist of alphanumeric characters, '-', '_' or '.'. The serialized form of the secret data is a base64 encoded string, representing the arbitrary (possibly non-string) data value here. Described in https://tools.ietf.org/html/rfc4648#section-4",
+            ),
             AGE_COLUMN,
         ]
     }
@@ -217,7 +233,15 @@ impl Kind for ServiceAccounts {
     const MERGE_KEYS: &'static [MergeKey] = &[merge("secrets", "name")];
 
     fn columns(&self) -> Vec<Column> {
-        vec![NAME_COLUMN, Column::new("Secrets", "string", "Secrets is a list of the secrets in the same namespace that pods running using this ServiceAccount are allowed to use."), AGE_COLUMN]
+        vec![
+            NAME_COLUMN,
+            Column::new(
+                "Secrets",
+                "string",
+                "Secrets is a list of the secrets in the same namespace that pods running using this ServiceAccount are allowed to use.",
+            ),
+            AGE_COLUMN,
+        ]
     }
 
     fn cells(&self, sa: &ServiceAccount) -> Vec<Value> {
@@ -231,7 +255,8 @@ mod tests {
 
     #[test]
     fn string_data_folds_into_data() {
-        let mut s: Secret = serde_json::from_value(json!({"metadata": {"name": "s"}, "stringData": {"a": "b"}})).unwrap();
+        let mut s: Secret =
+            serde_json::from_value(json!({"metadata": {"name": "s"}, "stringData": {"a": "b"}})).unwrap();
         Secrets.prepare_create(&mut s);
         assert!(s.string_data.is_none());
         assert_eq!(s.data.unwrap()["a"].0, b"b");
@@ -247,7 +272,8 @@ mod tests {
 
     #[test]
     fn immutable_configmaps_stay_put() {
-        let old: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}, "immutable": true, "data": {"a": "1"}})).unwrap();
+        let old: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "c"}, "immutable": true, "data": {"a": "1"}})).unwrap();
         let mut new = old.clone();
         new.data = Some([("a".to_string(), "2".to_string())].into());
         assert_eq!(ConfigMaps.validate_update(&new, &old).len(), 1);

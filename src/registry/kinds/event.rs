@@ -79,12 +79,26 @@ fn event_columns() -> Vec<Column> {
     vec![
         Column::new("Last Seen", "string", "Time when last event occurred"),
         Column::new("Type", "string", "Type of this event (Normal, Warning), new types could be added in the future."),
-        Column::new("Reason", "string", "This should be a short, machine understandable string that gives the reason for the transition into the object's current status."),
+        Column::new(
+            "Reason",
+            "string",
+            "This should be a short, machine understandable string that gives the reason for the transition into the object's current status.",
+        ),
         Column::new("Object", "string", "The object that this event is about."),
         Column::new("Subobject", "string", "If the reference is to a sub-object, which field in the object.").wide(),
-        Column::new("Source", "string", "The component reporting this event. Should be a short machine understandable string.").wide(),
+        Column::new(
+            "Source",
+            "string",
+            "The component reporting this event. Should be a short machine understandable string.",
+        )
+        .wide(),
         Column::new("Message", "string", "A human-readable description of the status of this operation."),
-        Column::new("First Seen", "string", "The time at which the event was first recorded. (Time of server receipt is in TypeMeta.)").wide(),
+        Column::new(
+            "First Seen",
+            "string",
+            "The time at which the event was first recorded. (Time of server receipt is in TypeMeta.)",
+        )
+        .wide(),
         Column::new("Count", "integer", "The number of times this event has occurred.").wide(),
         Column::new("Name", "string", "Name must be unique within a namespace.").wide().format("name"),
     ]
@@ -236,7 +250,8 @@ impl Kind for Events {
 
     fn field(&self, e: &Event, field: &str) -> Option<String> {
         let core = to_core(e)?;
-        let mapped = field.replace("regarding.", "involvedObject.").replace("reportingController", "reportingComponent");
+        let mapped =
+            field.replace("regarding.", "involvedObject.").replace("reportingController", "reportingComponent");
         core_field(&core, &mapped)
     }
 
@@ -248,11 +263,11 @@ impl Kind for Events {
         to_core(e).map(|c| event_cells(&c)).unwrap_or_default()
     }
 
-    fn from_storage(&self, stored: Value) -> Result<Value> {
+    fn decode_stored(&self, stored: Value) -> Result<Value> {
         Ok(rename(stored, true, "events.k8s.io/v1"))
     }
 
-    fn to_storage(&self, obj: Value) -> Result<Value> {
+    fn encode_stored(&self, obj: Value) -> Result<Value> {
         let v = rename(obj, false, "v1");
         // Check the stored form is a valid core event before accepting it.
         serde_json::from_value::<CoreEvent>(v.clone()).map_err(StatusError::internal)?;

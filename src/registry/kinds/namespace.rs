@@ -60,11 +60,7 @@ impl Kind for Namespaces {
     }
 
     fn columns(&self) -> Vec<Column> {
-        vec![
-            NAME_COLUMN,
-            Column::new("Status", "string", "The status of the namespace"),
-            AGE_COLUMN,
-        ]
+        vec![NAME_COLUMN, Column::new("Status", "string", "The status of the namespace"), AGE_COLUMN]
     }
 
     fn cells(&self, ns: &Namespace) -> Vec<Value> {

@@ -26,10 +26,7 @@ impl Kind for Nodes {
         storage: super::NODES_STORAGE,
         return_deleted_object: false,
     };
-    const MERGE_KEYS: &'static [MergeKey] = &[
-        merge("status.conditions", "type"),
-        merge("status.addresses", "type"),
-    ];
+    const MERGE_KEYS: &'static [MergeKey] = &[merge("status.conditions", "type"), merge("status.addresses", "type")];
     const FIELDS: &'static [&'static str] = &["spec.unschedulable"];
 
     fn validate(&self, node: &Node) -> ErrorList {
@@ -52,7 +49,11 @@ impl Kind for Nodes {
         if let Some(cidr) = spec.pod_cidr.filter(|c| !c.is_empty())
             && !is_cidr(&cidr)
         {
-            errs.push(FieldError::invalid("spec.podCIDR", &cidr, "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)"));
+            errs.push(FieldError::invalid(
+                "spec.podCIDR",
+                &cidr,
+                "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)",
+            ));
         }
         errs
     }
@@ -62,7 +63,10 @@ impl Kind for Nodes {
         let old_cidr = old.spec.as_ref().and_then(|s| s.pod_cidr.clone()).unwrap_or_default();
         let new_cidr = new.spec.as_ref().and_then(|s| s.pod_cidr.clone()).unwrap_or_default();
         if !old_cidr.is_empty() && old_cidr != new_cidr {
-            errs.push(FieldError::forbidden("spec.podCIDR", "node updates may not change podCIDR except from \"\" to valid"));
+            errs.push(FieldError::forbidden(
+                "spec.podCIDR",
+                "node updates may not change podCIDR except from \"\" to valid",
+            ));
         }
         errs
     }
@@ -77,9 +81,7 @@ impl Kind for Nodes {
 
     fn field(&self, node: &Node, field: &str) -> Option<String> {
         match field {
-            "spec.unschedulable" => {
-                Some(node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false).to_string())
-            }
+            "spec.unschedulable" => Some(node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false).to_string()),
             _ => None,
         }
     }
@@ -186,7 +188,10 @@ mod tests {
 
     #[test]
     fn taint_effects_are_checked() {
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n"}, "spec": {"taints": [{"key": "k", "effect": "Sometimes"}]}})).unwrap();
+        let node: Node = serde_json::from_value(
+            json!({"metadata": {"name": "n"}, "spec": {"taints": [{"key": "k", "effect": "Sometimes"}]}}),
+        )
+        .unwrap();
         let errs = Nodes.validate(&node);
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "spec.taints[0].effect");

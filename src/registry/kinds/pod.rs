@@ -193,7 +193,8 @@ impl Kind for Pods {
 
 /// Now, at the second precision of Kubernetes times.
 fn now() -> k8s_openapi::jiff::Timestamp {
-    k8s_openapi::jiff::Timestamp::from_second(Utc::now().timestamp()).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+    k8s_openapi::jiff::Timestamp::from_second(Utc::now().timestamp())
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
 }
 
 /// Sets (or updates) a pod condition on a pod in JSON form, moving `lastTransitionTime` only when the
@@ -207,7 +208,8 @@ pub fn set_condition(pod: &mut Value, type_: &str, status: &str, reason: Option<
         *conditions = json!([]);
     }
     let Some(list) = conditions.as_array_mut() else { return };
-    let mut cond = json!({"type": type_, "status": status, "lastProbeTime": null, "lastTransitionTime": timestamp(Utc::now())});
+    let mut cond =
+        json!({"type": type_, "status": status, "lastProbeTime": null, "lastTransitionTime": timestamp(Utc::now())});
     if let Some(r) = reason {
         cond["reason"] = json!(r);
     }
@@ -237,10 +239,10 @@ fn print_pod(pod: &Pod) -> PodRow {
     let spec = pod.spec.clone().unwrap_or_default();
     let status = pod.status.clone().unwrap_or_default();
     let init_specs = spec.init_containers.clone().unwrap_or_default();
-    let is_sidecar = |name: &str| {
-        init_specs.iter().any(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"))
-    };
-    let mut total = spec.containers.len() + init_specs.iter().filter(|c| c.restart_policy.as_deref() == Some("Always")).count();
+    let is_sidecar =
+        |name: &str| init_specs.iter().any(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"));
+    let total =
+        spec.containers.len() + init_specs.iter().filter(|c| c.restart_policy.as_deref() == Some("Always")).count();
     let mut ready = 0;
     let mut restarts = 0;
     let mut sidecar_restarts = 0;
@@ -252,7 +254,11 @@ fn print_pod(pod: &Pod) -> PodRow {
         reason = "SchedulingGated".into();
     }
     let terminated_at = |c: &k8s_openapi::api::core::v1::ContainerStatus| {
-        c.last_state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(|t| t.finished_at.as_ref()).map(|t| t.0.as_second())
+        c.last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.finished_at.as_ref())
+            .map(|t| t.0.as_second())
     };
     let mut initializing = false;
     let init_statuses = status.init_container_statuses.clone().unwrap_or_default();
@@ -333,7 +339,6 @@ fn print_pod(pod: &Pod) -> PodRow {
         Some(t) if restarts != 0 => format!("{restarts} ({} ago)", human_duration(Utc::now().timestamp() - t)),
         _ => restarts.to_string(),
     };
-    total = total.max(0);
     PodRow { ready: format!("{ready}/{total}"), reason, restarts: restarts_cell }
 }
 
@@ -347,7 +352,9 @@ mod tests {
 
     #[test]
     fn pending_pod_row() {
-        let p = pod(json!({"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Pending"}}));
+        let p = pod(
+            json!({"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Pending"}}),
+        );
         let row = print_pod(&p);
         assert_eq!((row.ready.as_str(), row.reason.as_str(), row.restarts.as_str()), ("0/1", "Pending", "0"));
     }
@@ -385,7 +392,9 @@ mod tests {
 
     #[test]
     fn scheduling_gated() {
-        let mut p = pod(json!({"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}], "schedulingGates": [{"name": "g"}]}}));
+        let mut p = pod(
+            json!({"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}], "schedulingGates": [{"name": "g"}]}}),
+        );
         Pods.prepare_create(&mut p);
         assert_eq!(print_pod(&p).reason, "SchedulingGated");
     }

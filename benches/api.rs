@@ -1,0 +1,975 @@
+//! API benchmark of cairn: `cargo bench --bench api`.
+//!
+//! Starts the release `cairn server` and, as the baseline of the same run, Debian's etcd 3.4
+//! (`/usr/bin/etcd`, default durability: fsync per commit), then measures:
+//! - durable pod creates (`POST /api/v1/namespaces/default/pods`, ~1 KiB pods, unique names) with 1, 16
+//!   and 64 concurrent clients, against etcd puts of the same pod JSON through its v3 JSON gateway
+//!   (`POST /v3/kv/put`) with as many clients;
+//! - LIST of 10,000 pods as JSON and as a `meta.k8s.io/v1` Table (median of 5, full body received);
+//! - delivery latency of one write to 100 concurrent pod watchers, from just before the write is sent
+//!   to the receipt of the event line;
+//! - idle RSS of a fresh `cairn server --disable-agent` 3 s after it became ready, and the size of the
+//!   release binary.
+//!
+//! Every client is a task with its own keep-alive HTTP/1.1 connection, opened before the clock
+//! starts: TLS with the admin client certificate from the kubeconfig for cairn, plain TCP for etcd.
+//! Nothing is asserted; timings on a shared machine only compare within one run, hence the ratios
+//! to etcd. The table goes to stdout and the same figures as JSON to `target/bench-api.json`.
+//!
+//! Environment (defaults in brackets):
+//! - `CAIRN_BENCH_CLIENTS` [`1,16,64`]: concurrency levels of the create runs;
+//! - `CAIRN_BENCH_CREATES_SINGLE` [2000]: requests of a one-client run;
+//! - `CAIRN_BENCH_CREATES` [10000]: requests of every other run;
+//! - `CAIRN_BENCH_LEVEL_SECS` [40]: time limit of one create run (a run cut short reports what it did);
+//! - `CAIRN_BENCH_LIST_PODS` [10000], `CAIRN_BENCH_LIST_RUNS` [5];
+//! - `CAIRN_BENCH_WATCHERS` [100], `CAIRN_BENCH_WATCH_WRITES` [20];
+//! - `CAIRN_BENCH_ETCD` [`/usr/bin/etcd`]: the baseline binary; empty skips the baseline.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_rustls::TlsConnector;
+
+/// Longest wait for one request before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a started process to become ready.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for every watcher to receive one write.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause between the writes of the watch run, so that their deliveries do not overlap.
+const WATCH_WRITE_GAP: Duration = Duration::from_millis(50);
+/// How long the idle server runs after becoming ready before its RSS is read.
+const IDLE_SETTLE: Duration = Duration::from_secs(3);
+/// Clients that fill the namespace listed by the LIST runs.
+const FILL_CLIENTS: usize = 16;
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+const JSON: &str = "application/json";
+const LIST_NAMESPACE: &str = "bench-list";
+
+fn main() -> Result<()> {
+    let config = Config::from_env()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(run(&config))?;
+    let json = report.to_json(&config);
+    print!("{}", report.table(&config));
+    let out = target_dir().join("bench-api.json");
+    std::fs::create_dir_all(out.parent().context("target directory")?)?;
+    std::fs::write(&out, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("\nJSON: {}", out.display());
+    Ok(())
+}
+
+/// Runs every measurement in turn; the baseline runs right after each cairn create run.
+async fn run(config: &Config) -> Result<Report> {
+    progress("footprint: idle RSS of a fresh server");
+    let footprint = footprint().await?;
+    let cairn = Cairn::start(&["--disable-agent"]).await?;
+    let etcd = match &config.etcd {
+        Some(bin) if bin.exists() => Some(Etcd::start(bin).await?),
+        Some(bin) => {
+            eprintln!("*** etcd baseline SKIPPED: {} not found (apt-get install etcd-server) ***", bin.display());
+            None
+        }
+        None => {
+            eprintln!("*** etcd baseline SKIPPED: CAIRN_BENCH_ETCD is empty ***");
+            None
+        }
+    };
+    let pod = PodTemplate::new();
+    let mut creates = Vec::new();
+    for &clients in &config.clients {
+        let requests = if clients == 1 { config.creates_single } else { config.creates };
+        progress(&format!("creates: {clients} client(s), {requests} requests"));
+        let names: Names = Arc::new(move |i| format!("bench-{clients}-{i}"));
+        let cairn_load = run_load(
+            &cairn.endpoint,
+            clients,
+            requests,
+            config.level_limit,
+            cairn_create(&pod, "default", names.clone()),
+        )
+        .await?;
+        let etcd_load = match &etcd {
+            Some(etcd) => {
+                Some(run_load(&etcd.endpoint, clients, requests, config.level_limit, etcd_put(&pod, names)).await?)
+            }
+            None => None,
+        };
+        creates.push(CreateLevel { cairn: cairn_load, etcd: etcd_load });
+    }
+    let etcd_version = etcd.as_ref().map(|e| e.version.clone());
+    drop(etcd);
+    progress(&format!("list: filling {LIST_NAMESPACE} with {} pods", config.list_pods));
+    let lists = list(&cairn.endpoint, &pod, config).await?;
+    progress(&format!("watch: {} watchers, {} writes", config.watchers, config.watch_writes));
+    let watch = watch(&cairn.endpoint, &pod, config).await?;
+    Ok(Report { pod_bytes: pod.render("bench-1-0").len(), footprint, creates, lists, watch, etcd_version })
+}
+
+fn progress(what: &str) {
+    eprintln!("[bench] {what}");
+}
+
+/// The target directory: `$CARGO_TARGET_DIR`, else `target/` of the package.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+// ----------------------------------------------------------------------------------------------
+// Configuration
+
+/// Sizes of the runs, from the environment.
+struct Config {
+    clients: Vec<usize>,
+    creates_single: usize,
+    creates: usize,
+    level_limit: Duration,
+    list_pods: usize,
+    list_runs: usize,
+    watchers: usize,
+    watch_writes: usize,
+    etcd: Option<PathBuf>,
+}
+
+impl Config {
+    fn from_env() -> Result<Self> {
+        let clients = env_or("CAIRN_BENCH_CLIENTS", "1,16,64")
+            .split(',')
+            .map(|c| {
+                c.trim().parse::<usize>().ok().filter(|&c| c > 0).context("CAIRN_BENCH_CLIENTS: positive integers")
+            })
+            .collect::<Result<_>>()?;
+        let etcd = env_or("CAIRN_BENCH_ETCD", "/usr/bin/etcd");
+        Ok(Self {
+            clients,
+            creates_single: env_num("CAIRN_BENCH_CREATES_SINGLE", 2000)?,
+            creates: env_num("CAIRN_BENCH_CREATES", 10_000)?,
+            level_limit: Duration::from_secs(env_num("CAIRN_BENCH_LEVEL_SECS", 40)? as u64),
+            list_pods: env_num("CAIRN_BENCH_LIST_PODS", 10_000)?,
+            list_runs: env_num("CAIRN_BENCH_LIST_RUNS", 5)?.max(1),
+            watchers: env_num("CAIRN_BENCH_WATCHERS", 100)?.max(1),
+            watch_writes: env_num("CAIRN_BENCH_WATCH_WRITES", 20)?.max(1),
+            etcd: (!etcd.is_empty()).then(|| PathBuf::from(etcd)),
+        })
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn env_num(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse().with_context(|| format!("{name}={v:?} is not a number")),
+        Err(_) => Ok(default),
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// HTTP client
+
+/// Where requests go: cairn over TLS with a client certificate, or etcd over plain HTTP.
+#[derive(Clone)]
+struct Endpoint {
+    addr: SocketAddr,
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+impl Endpoint {
+    fn plain(addr: SocketAddr) -> Self {
+        Self { addr, tls: None }
+    }
+
+    /// The server and admin credentials of a kubeconfig written by `cairn server`.
+    fn from_kubeconfig(path: &Path) -> Result<Self> {
+        let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
+        let cluster = &doc["clusters"][0]["cluster"];
+        let user = &doc["users"][0]["user"];
+        let pem = |v: &serde_yaml::Value, key: &str| -> Result<Vec<u8>> {
+            Ok(B64.decode(v[key].as_str().with_context(|| format!("kubeconfig lacks {key}"))?)?)
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut pem(cluster, "certificate-authority-data")?.as_slice()) {
+            roots.add(cert?)?;
+        }
+        let chain = rustls_pemfile::certs(&mut pem(user, "client-certificate-data")?.as_slice())
+            .collect::<Result<Vec<_>, _>>()?;
+        let key = rustls_pemfile::private_key(&mut pem(user, "client-key-data")?.as_slice())?
+            .context("kubeconfig holds no client key")?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?;
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let server = cluster["server"].as_str().context("kubeconfig lacks server")?;
+        let addr: SocketAddr =
+            server.trim_start_matches("https://").trim_end_matches('/').parse().context("server is not IP:port")?;
+        let name = ServerName::IpAddress(addr.ip().into());
+        Ok(Self { addr, tls: Some((TlsConnector::from(Arc::new(tls)), name)) })
+    }
+
+    /// Opens a keep-alive HTTP/1.1 connection.
+    async fn connect(&self) -> Result<Conn> {
+        let tcp = TcpStream::connect(self.addr).await?;
+        tcp.set_nodelay(true)?;
+        let sender = match &self.tls {
+            Some((connector, name)) => handshake(connector.connect(name.clone(), tcp).await?).await?,
+            None => handshake(tcp).await?,
+        };
+        Ok(Conn { sender, host: self.addr.to_string() })
+    }
+}
+
+async fn handshake<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: T) -> Result<SendRequest<Full<Bytes>>> {
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// One request, independent of the connection that carries it.
+struct Req {
+    method: Method,
+    path: String,
+    accept: &'static str,
+    body: Bytes,
+}
+
+impl Req {
+    fn get(path: impl Into<String>, accept: &'static str) -> Self {
+        Self { method: Method::GET, path: path.into(), accept, body: Bytes::new() }
+    }
+
+    fn post(path: impl Into<String>, body: impl Into<Bytes>) -> Self {
+        Self { method: Method::POST, path: path.into(), accept: JSON, body: body.into() }
+    }
+}
+
+/// One keep-alive connection.
+struct Conn {
+    sender: SendRequest<Full<Bytes>>,
+    host: String,
+}
+
+impl Conn {
+    /// Sends a request and returns once the response head has arrived.
+    async fn start(&mut self, req: Req) -> Result<Response<Incoming>> {
+        self.sender.ready().await?;
+        let mut builder = Request::builder()
+            .method(req.method)
+            .uri(req.path)
+            .header(header::HOST, &self.host)
+            .header(header::ACCEPT, req.accept);
+        if !req.body.is_empty() {
+            builder = builder.header(header::CONTENT_TYPE, JSON);
+        }
+        Ok(self.sender.send_request(builder.body(Full::new(req.body))?).await?)
+    }
+
+    /// Sends a request and reads the whole response.
+    async fn send(&mut self, req: Req) -> Result<(StatusCode, Bytes)> {
+        let resp = tokio::time::timeout(REQUEST_TIMEOUT, self.start(req)).await.context("request timed out")??;
+        let status = resp.status();
+        let body = tokio::time::timeout(REQUEST_TIMEOUT, resp.into_body().collect())
+            .await
+            .context("response body timed out")??;
+        Ok((status, body.to_bytes()))
+    }
+
+    /// Sends a request that must be answered with `expect`; returns the body.
+    async fn expect(&mut self, req: Req, expect: StatusCode) -> Result<Bytes> {
+        let what = format!("{} {}", req.method, req.path);
+        let (status, body) = self.send(req).await?;
+        if status != expect {
+            bail!("{what}: {status}: {}", String::from_utf8_lossy(&body));
+        }
+        Ok(body)
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Servers
+
+/// A child process, killed and reaped when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    /// Fails if the process has exited, showing the end of its log.
+    fn check_alive(&mut self, name: &str, log: &Path) -> Result<()> {
+        if let Some(status) = self.0.try_wait()? {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: String =
+                text.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            bail!("{name} exited with {status}:\n{tail}");
+        }
+        Ok(())
+    }
+}
+
+/// Whether `GET path` answers 200.
+async fn answers_ok(endpoint: &Endpoint, path: &str) -> bool {
+    match endpoint.connect().await {
+        Ok(mut conn) => matches!(conn.send(Req::get(path, JSON)).await, Ok((StatusCode::OK, _))),
+        Err(_) => false,
+    }
+}
+
+/// A `cairn server` on a free loopback port with an empty data directory of its own.
+struct Cairn {
+    proc: Proc,
+    endpoint: Endpoint,
+    _dir: tempfile::TempDir,
+}
+
+impl Cairn {
+    /// Starts the release binary and waits until `/readyz` answers 200.
+    async fn start(extra: &[&str]) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig.yaml");
+        let log = dir.path().join("server.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("server")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--bind-address", "127.0.0.1", "--https-listen-port", "0", "--write-kubeconfig"])
+            .arg(&kubeconfig)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(File::create(&log)?)
+            .spawn()
+            .context("starting cairn")?;
+        let mut proc = Proc(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            proc.check_alive("cairn", &log)?;
+            if let Ok(endpoint) = Endpoint::from_kubeconfig(&kubeconfig)
+                && answers_ok(&endpoint, "/readyz").await
+            {
+                return Ok(Self { proc, endpoint, _dir: dir });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("cairn did not become ready within {START_TIMEOUT:?}")
+    }
+
+    fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+}
+
+/// A single-member etcd on free loopback ports with its own data directory.
+struct Etcd {
+    _proc: Proc,
+    endpoint: Endpoint,
+    version: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    /// Starts etcd with default durability and waits until `/health` answers 200.
+    async fn start(bin: &Path) -> Result<Self> {
+        let version = Command::new(bin).arg("--version").output().context("running etcd --version")?;
+        let version = String::from_utf8_lossy(&version.stdout).lines().next().unwrap_or("etcd").trim().to_string();
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("etcd.log");
+        let (client, peer) = free_ports()?;
+        let client_url = format!("http://{client}");
+        let peer_url = format!("http://{peer}");
+        let child = Command::new(bin)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--name", "bench", "--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("bench={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(File::create(&log)?)
+            .spawn()
+            .context("starting etcd")?;
+        let mut proc = Proc(child);
+        let endpoint = Endpoint::plain(client);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            proc.check_alive("etcd", &log)?;
+            if answers_ok(&endpoint, "/health").await {
+                return Ok(Self { _proc: proc, endpoint, version, _dir: dir });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("etcd did not become healthy within {START_TIMEOUT:?}")
+    }
+}
+
+/// Two distinct free loopback ports.
+fn free_ports() -> Result<(SocketAddr, SocketAddr)> {
+    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?, b.local_addr()?))
+}
+
+// ----------------------------------------------------------------------------------------------
+// Load
+
+/// A pod of about 1 KiB (one container with ports, env, resources and a probe; labels and
+/// annotations), split around its name.
+struct PodTemplate {
+    head: String,
+    tail: String,
+}
+
+impl PodTemplate {
+    const MARK: &str = "@NAME@";
+
+    fn new() -> Self {
+        let pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": Self::MARK,
+                "labels": {
+                    "app.kubernetes.io/name": "storefront",
+                    "app.kubernetes.io/component": "web",
+                    "app.kubernetes.io/version": "2.14.1",
+                    "pod-template-hash": "7d9f5c8b6d",
+                },
+                "annotations": {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": "9102",
+                    "kubectl.kubernetes.io/default-container": "web",
+                },
+            },
+            "spec": {
+                "containers": [{
+                    "name": "web",
+                    "image": "registry.example.com/shop/storefront:2.14.1",
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": ["--listen=:8080", "--metrics=:9102", "--log-level=info"],
+                    "ports": [
+                        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+                        {"name": "metrics", "containerPort": 9102, "protocol": "TCP"},
+                    ],
+                    "env": [
+                        {"name": "STORE_REGION", "value": "eu-central"},
+                        {"name": "CACHE_SIZE", "value": "256Mi"},
+                    ],
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "128Mi"},
+                        "limits": {"cpu": "500m", "memory": "256Mi"},
+                    },
+                    "readinessProbe": {
+                        "httpGet": {"path": "/healthz", "port": 8080},
+                        "initialDelaySeconds": 5,
+                        "periodSeconds": 10,
+                    },
+                }],
+                "restartPolicy": "Always",
+                "terminationGracePeriodSeconds": 30,
+                "dnsPolicy": "ClusterFirst",
+                "nodeSelector": {"kubernetes.io/os": "linux"},
+            },
+        })
+        .to_string();
+        let (head, tail) = pod.split_once(Self::MARK).expect("the template holds the name mark");
+        Self { head: head.to_string(), tail: tail.to_string() }
+    }
+
+    fn render(&self, name: &str) -> String {
+        [self.head.as_str(), name, self.tail.as_str()].concat()
+    }
+}
+
+/// Request `i` of a load run.
+type MakeReq = Arc<dyn Fn(usize) -> Req + Send + Sync>;
+/// Name of object `i` of a load run.
+type Names = Arc<dyn Fn(usize) -> String + Send + Sync>;
+
+/// Creates pod `names(i)` in `namespace`; succeeds with 201.
+fn cairn_create(pod: &PodTemplate, namespace: &str, names: Names) -> (MakeReq, StatusCode) {
+    let (head, tail) = (pod.head.clone(), pod.tail.clone());
+    let path = format!("/api/v1/namespaces/{namespace}/pods");
+    let make = move |i| Req::post(path.clone(), [head.as_str(), &names(i), tail.as_str()].concat());
+    (Arc::new(make), StatusCode::CREATED)
+}
+
+/// Puts pod `names(i)` under its kube-apiserver key through etcd's JSON gateway; succeeds with 200.
+fn etcd_put(pod: &PodTemplate, names: Names) -> (MakeReq, StatusCode) {
+    let (head, tail) = (pod.head.clone(), pod.tail.clone());
+    let make = move |i| {
+        let name = names(i);
+        let value = [head.as_str(), &name, tail.as_str()].concat();
+        let key = format!("/registry/pods/default/{name}");
+        Req::post("/v3/kv/put", json!({"key": B64.encode(key), "value": B64.encode(value)}).to_string())
+    };
+    (Arc::new(make), StatusCode::OK)
+}
+
+/// Outcome of a load run.
+struct Load {
+    clients: usize,
+    requests: usize,
+    errors: usize,
+    first_error: Option<String>,
+    elapsed: Duration,
+    /// Latencies of the successful requests, sorted.
+    latencies: Vec<Duration>,
+}
+
+impl Load {
+    fn ok(&self) -> usize {
+        self.latencies.len()
+    }
+
+    fn per_sec(&self) -> f64 {
+        self.ok() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "clients": self.clients,
+            "requests": self.requests,
+            "ok": self.ok(),
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "seconds": self.elapsed.as_secs_f64(),
+            "per_sec": self.per_sec(),
+            "p50_ms": ms(percentile(&self.latencies, 0.50)),
+            "p99_ms": ms(percentile(&self.latencies, 0.99)),
+            "max_ms": ms(self.latencies.last().copied().unwrap_or_default()),
+        })
+    }
+}
+
+/// What every client of a load run shares.
+struct Job {
+    endpoint: Endpoint,
+    make: MakeReq,
+    expect: StatusCode,
+    requests: usize,
+    next: AtomicUsize,
+    deadline: Instant,
+}
+
+/// Sends `requests` requests from `clients` concurrent connections, each taking the next request
+/// number until all are taken or `limit` has passed. Only answers with the expected status count.
+async fn run_load(
+    endpoint: &Endpoint,
+    clients: usize,
+    requests: usize,
+    limit: Duration,
+    (make, expect): (MakeReq, StatusCode),
+) -> Result<Load> {
+    let conns = futures::future::try_join_all((0..clients).map(|_| endpoint.connect())).await?;
+    let start = Instant::now();
+    let job = Arc::new(Job {
+        endpoint: endpoint.clone(),
+        make,
+        expect,
+        requests,
+        next: AtomicUsize::new(0),
+        deadline: start + limit,
+    });
+    let tasks: Vec<_> = conns.into_iter().map(|conn| tokio::spawn(client(conn, job.clone()))).collect();
+    let mut load =
+        Load { clients, requests, errors: 0, first_error: None, elapsed: Duration::ZERO, latencies: Vec::new() };
+    for task in tasks {
+        let stats = task.await?;
+        load.latencies.extend(stats.latencies);
+        load.errors += stats.errors;
+        load.first_error = load.first_error.or(stats.first_error);
+    }
+    load.elapsed = start.elapsed();
+    load.latencies.sort_unstable();
+    if let Some(e) = &load.first_error {
+        eprintln!("[bench]   {} failed request(s); first: {e}", load.errors);
+    }
+    Ok(load)
+}
+
+#[derive(Default)]
+struct ClientStats {
+    latencies: Vec<Duration>,
+    errors: usize,
+    first_error: Option<String>,
+}
+
+/// One client of a load run: requests one after another on its connection, reconnecting after a
+/// transport error.
+async fn client(mut conn: Conn, job: Arc<Job>) -> ClientStats {
+    let mut stats = ClientStats::default();
+    while Instant::now() < job.deadline {
+        let i = job.next.fetch_add(1, Ordering::Relaxed);
+        if i >= job.requests {
+            break;
+        }
+        let req = (job.make)(i);
+        let sent = Instant::now();
+        let error = match conn.send(req).await {
+            Ok((status, _)) if status == job.expect => {
+                stats.latencies.push(sent.elapsed());
+                continue;
+            }
+            Ok((status, body)) => format!("{status}: {}", String::from_utf8_lossy(&body)),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                match job.endpoint.connect().await {
+                    Ok(c) => conn = c,
+                    Err(_) => return stats,
+                }
+                msg
+            }
+        };
+        stats.errors += 1;
+        stats.first_error.get_or_insert(error);
+    }
+    stats
+}
+
+// ----------------------------------------------------------------------------------------------
+// Measurements
+
+/// Idle memory and binary size.
+struct Footprint {
+    binary_bytes: u64,
+    idle_rss_kib: u64,
+}
+
+/// Reads the binary size, then starts a fresh server and reads its RSS once it has idled.
+async fn footprint() -> Result<Footprint> {
+    let binary_bytes = std::fs::metadata(env!("CARGO_BIN_EXE_cairn"))?.len();
+    let cairn = Cairn::start(&["--disable-agent"]).await?;
+    tokio::time::sleep(IDLE_SETTLE).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", cairn.pid()))?;
+    let idle_rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS in /proc/<pid>/status")?;
+    Ok(Footprint { binary_bytes, idle_rss_kib })
+}
+
+/// A create run against cairn and, when available, the etcd run with the same clients.
+struct CreateLevel {
+    cairn: Load,
+    etcd: Option<Load>,
+}
+
+impl CreateLevel {
+    fn ratio(&self) -> Option<f64> {
+        self.etcd.as_ref().map(|e| self.cairn.per_sec() / e.per_sec())
+    }
+}
+
+/// Times of the LIST runs of one format.
+struct ListRuns {
+    format: &'static str,
+    items: usize,
+    bytes: usize,
+    times: Vec<Duration>,
+}
+
+impl ListRuns {
+    fn median(&self) -> Duration {
+        let mut t = self.times.clone();
+        t.sort_unstable();
+        t[t.len() / 2]
+    }
+}
+
+/// Fills a namespace of its own with `list_pods` pods, then times LIST as JSON and as Table.
+async fn list(endpoint: &Endpoint, pod: &PodTemplate, config: &Config) -> Result<Vec<ListRuns>> {
+    let mut conn = endpoint.connect().await?;
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LIST_NAMESPACE}});
+    conn.expect(Req::post("/api/v1/namespaces", ns.to_string()), StatusCode::CREATED).await?;
+    let names: Names = Arc::new(|i| format!("list-{i}"));
+    let fill = cairn_create(pod, LIST_NAMESPACE, names);
+    let filled = run_load(endpoint, FILL_CLIENTS, config.list_pods, Duration::from_secs(120), fill).await?;
+    progress(&format!(
+        "list: filled at {:.0} creates/s; timing {} runs per format",
+        filled.per_sec(),
+        config.list_runs
+    ));
+    let path = format!("/api/v1/namespaces/{LIST_NAMESPACE}/pods");
+    let mut out = Vec::new();
+    for (format, accept, items_key) in [("JSON", JSON, "items"), ("Table", TABLE, "rows")] {
+        let mut runs = ListRuns { format, items: 0, bytes: 0, times: Vec::new() };
+        for _ in 0..config.list_runs {
+            let start = Instant::now();
+            let body = conn.expect(Req::get(&path, accept), StatusCode::OK).await?;
+            runs.times.push(start.elapsed());
+            runs.bytes = body.len();
+        }
+        let body = conn.expect(Req::get(&path, accept), StatusCode::OK).await?;
+        let v: Value = serde_json::from_slice(&body)?;
+        runs.items = v[items_key].as_array().map_or(0, Vec::len);
+        out.push(runs);
+    }
+    Ok(out)
+}
+
+/// Delivery latencies of the watch run.
+struct WatchRun {
+    watchers: usize,
+    writes: usize,
+    /// From just before each write was sent to each watcher's receipt of its event, sorted.
+    delivery: Vec<Duration>,
+    /// Latency of the writes themselves, sorted.
+    write: Vec<Duration>,
+}
+
+/// One event line received by a watcher.
+struct Receipt {
+    name: String,
+    at: Instant,
+}
+
+/// Opens the watchers from the current revision, then makes one write at a time and waits until
+/// every watcher has received it.
+async fn watch(endpoint: &Endpoint, pod: &PodTemplate, config: &Config) -> Result<WatchRun> {
+    let mut writer = endpoint.connect().await?;
+    let head = writer.expect(Req::get("/api/v1/namespaces/default/pods?limit=1", JSON), StatusCode::OK).await?;
+    let head: Value = serde_json::from_slice(&head)?;
+    let rv = head["metadata"]["resourceVersion"].as_str().context("list without resourceVersion")?.to_string();
+    let path = format!("/api/v1/namespaces/default/pods?watch=true&resourceVersion={rv}");
+    let streams = futures::future::try_join_all((0..config.watchers).map(|_| open_watch(endpoint, &path))).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let readers: Vec<_> =
+        streams.into_iter().map(|(conn, body)| tokio::spawn(read_watch(conn, body, tx.clone()))).collect();
+    let mut run =
+        WatchRun { watchers: config.watchers, writes: config.watch_writes, delivery: Vec::new(), write: Vec::new() };
+    for k in 0..config.watch_writes {
+        let name = format!("bench-watch-{k}");
+        let sent = Instant::now();
+        writer.expect(Req::post("/api/v1/namespaces/default/pods", pod.render(&name)), StatusCode::CREATED).await?;
+        run.write.push(sent.elapsed());
+        let deadline = tokio::time::Instant::now() + DELIVERY_TIMEOUT;
+        let mut seen = 0;
+        while seen < config.watchers {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(r)) if r.name == name => {
+                    run.delivery.push(r.at - sent);
+                    seen += 1;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if seen < config.watchers {
+            eprintln!("[bench]   write {k}: only {seen}/{} watchers received it", config.watchers);
+        }
+        tokio::time::sleep(WATCH_WRITE_GAP).await;
+    }
+    readers.iter().for_each(|r| r.abort());
+    run.delivery.sort_unstable();
+    run.write.sort_unstable();
+    Ok(run)
+}
+
+/// Opens one watch on a connection of its own; returns once the server has answered 200.
+async fn open_watch(endpoint: &Endpoint, path: &str) -> Result<(Conn, Incoming)> {
+    let mut conn = endpoint.connect().await?;
+    let resp = conn.start(Req::get(path, JSON)).await?;
+    if resp.status() != StatusCode::OK {
+        bail!("watch answered {}", resp.status());
+    }
+    Ok((conn, resp.into_body()))
+}
+
+/// Reports the object name of every event line with the time its last chunk arrived.
+async fn read_watch(_conn: Conn, mut body: Incoming, tx: mpsc::UnboundedSender<Receipt>) {
+    let mut buf = Vec::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        let at = Instant::now();
+        let Ok(data) = frame.into_data() else { continue };
+        buf.extend_from_slice(&data);
+        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let Ok(event) = serde_json::from_slice::<Value>(&line) else { continue };
+            let name = event["object"]["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            if tx.send(Receipt { name, at }).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Report
+
+struct Report {
+    pod_bytes: usize,
+    footprint: Footprint,
+    creates: Vec<CreateLevel>,
+    lists: Vec<ListRuns>,
+    watch: WatchRun,
+    etcd_version: Option<String>,
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl Report {
+    fn table(&self, config: &Config) -> String {
+        let mut t = String::new();
+        let baseline = self.etcd_version.as_deref().unwrap_or("SKIPPED (no etcd binary)");
+        let _ = writeln!(t, "\ncairn API benchmark: {} CPU(s), pod JSON {} bytes", cpus(), self.pod_bytes);
+        let _ = writeln!(t, "clients: one task with its own keep-alive HTTP/1.1 connection each (TLS for cairn)");
+        let _ = writeln!(t, "baseline: {baseline}, puts of the same pod JSON via POST /v3/kv/put\n");
+        let _ = writeln!(t, "durable creates          ---------- cairn ----------   ---------- etcd -----------");
+        let _ = writeln!(
+            t,
+            "clients  requests     ok   per s  p50 ms  p99 ms  err     ok   per s  p50 ms  p99 ms  err  cairn/etcd"
+        );
+        for level in &self.creates {
+            let c = &level.cairn;
+            let _ = write!(t, "{:>7}  {:>8}  {}", c.clients, c.requests, load_cells(c));
+            match (&level.etcd, level.ratio()) {
+                (Some(e), Some(r)) => {
+                    let _ = writeln!(t, "  {}  {r:>9.2}x", load_cells(e));
+                }
+                _ => {
+                    let _ = writeln!(t, "  {:>41}  {:>10}", "-", "-");
+                }
+            }
+        }
+        let _ = writeln!(t, "\nLIST {} pods, median of {}, time to full body", config.list_pods, config.list_runs);
+        for l in &self.lists {
+            let times = l.times.iter().map(|d| format!("{:.0}", ms(*d))).collect::<Vec<_>>().join(" ");
+            let _ = writeln!(
+                t,
+                "  {:<6} {:>8.1} ms  ({} items, {:.1} MiB; runs ms: {times})",
+                l.format,
+                ms(l.median()),
+                l.items,
+                mib(l.bytes as u64)
+            );
+        }
+        let w = &self.watch;
+        let _ = writeln!(
+            t,
+            "\nwatch: {} watchers x {} writes, delivery from just before the write is sent",
+            w.watchers, w.writes
+        );
+        let _ = writeln!(
+            t,
+            "  delivery p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  ({}/{} events); write p50 {:.2} ms",
+            ms(percentile(&w.delivery, 0.5)),
+            ms(percentile(&w.delivery, 0.99)),
+            ms(w.delivery.last().copied().unwrap_or_default()),
+            w.delivery.len(),
+            w.watchers * w.writes,
+            ms(percentile(&w.write, 0.5)),
+        );
+        let f = &self.footprint;
+        let _ = writeln!(t, "\nfootprint");
+        let _ = writeln!(t, "  idle RSS (--disable-agent, 3 s after ready)  {:.1} MiB", f.idle_rss_kib as f64 / 1024.0);
+        let _ = writeln!(t, "  release binary {}  {:.1} MiB", env!("CARGO_BIN_EXE_cairn"), mib(f.binary_bytes));
+        t
+    }
+
+    fn to_json(&self, config: &Config) -> Value {
+        let creates: Vec<Value> = self
+            .creates
+            .iter()
+            .map(|l| {
+                json!({
+                    "clients": l.cairn.clients,
+                    "cairn": l.cairn.to_json(),
+                    "etcd": l.etcd.as_ref().map(Load::to_json),
+                    "ratio_to_etcd": l.ratio(),
+                })
+            })
+            .collect();
+        let lists: Vec<Value> = self
+            .lists
+            .iter()
+            .map(|l| {
+                json!({
+                    "format": l.format,
+                    "items": l.items,
+                    "bytes": l.bytes,
+                    "median_ms": ms(l.median()),
+                    "runs_ms": l.times.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let w = &self.watch;
+        json!({
+            "cpus": cpus(),
+            "pod_json_bytes": self.pod_bytes,
+            "connections": "one keep-alive HTTP/1.1 connection per client (TLS with client certificate for cairn)",
+            "baseline": self.etcd_version,
+            "creates": creates,
+            "list": {"pods": config.list_pods, "runs": config.list_runs, "formats": lists},
+            "watch": {
+                "watchers": w.watchers,
+                "writes": w.writes,
+                "delivered": w.delivery.len(),
+                "p50_ms": ms(percentile(&w.delivery, 0.5)),
+                "p99_ms": ms(percentile(&w.delivery, 0.99)),
+                "max_ms": ms(w.delivery.last().copied().unwrap_or_default()),
+                "write_p50_ms": ms(percentile(&w.write, 0.5)),
+            },
+            "idle_rss_kib": self.footprint.idle_rss_kib,
+            "binary_bytes": self.footprint.binary_bytes,
+        })
+    }
+}
+
+/// `ok  per s  p50  p99  err` of one load run.
+fn load_cells(l: &Load) -> String {
+    format!(
+        "{:>5}  {:>6.0}  {:>6.2}  {:>6.2}  {:>3}",
+        l.ok(),
+        l.per_sec(),
+        ms(percentile(&l.latencies, 0.5)),
+        ms(percentile(&l.latencies, 0.99)),
+        l.errors
+    )
+}
