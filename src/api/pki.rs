@@ -693,7 +693,8 @@ mod tests {
         }
         assert_eq!(pki.ca_pem(), read(&dir, "server-ca.crt"));
 
-        let (_, ca) = x509_parser::parse_x509_certificate(&pki.ca_der()).unwrap();
+        let der = pki.ca_der();
+        let (_, ca) = x509_parser::parse_x509_certificate(&der).unwrap();
         let cn = ca.subject().iter_common_name().next().unwrap();
         assert!(cn.as_str().unwrap().starts_with("cairn-server-ca@"));
         assert!(ca.is_ca());

@@ -30,12 +30,6 @@ pub enum SelectorError {
     /// Values that do not suit the operator (their number, or integers for `>` and `<`).
     #[error("{0}")]
     InvalidValues(&'static str),
-    /// A `matchExpressions` operator other than In, NotIn, Exists and DoesNotExist.
-    #[error("{0:?} is not a valid label selector operator")]
-    InvalidOperator(String),
-    /// A `metav1.LabelSelector` whose JSON has the wrong shape.
-    #[error("invalid label selector: {0}")]
-    Malformed(String),
     /// A field selector term without `=`, `==` or `!=`.
     #[error("invalid selector: '{selector}'; can't understand '{term}'")]
     FieldTerm { selector: String, term: String },
@@ -174,8 +168,6 @@ impl fmt::Display for Requirement {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabelSelector {
     requirements: Vec<Requirement>,
-    /// Set for a null `metav1.LabelSelector`, which selects nothing.
-    nothing: bool,
 }
 
 impl LabelSelector {
@@ -186,59 +178,20 @@ impl LabelSelector {
         Ok(Self::sorted(parser.parse()?))
     }
 
-    /// A selector that matches every object.
-    pub fn everything() -> Self {
-        Self::default()
-    }
-
-    /// A selector that matches no object, as a null `metav1.LabelSelector` does.
-    pub fn nothing() -> Self {
-        Self { requirements: Vec::new(), nothing: true }
-    }
-
     /// True when the selector does not restrict anything.
     pub fn is_empty(&self) -> bool {
-        !self.nothing && self.requirements.is_empty()
+        self.requirements.is_empty()
     }
 
     /// Matches an object's `metadata.labels`; `None` means the object has no labels.
     /// Entries whose value is not a string are not labels and count as absent.
     pub fn matches(&self, labels: Option<&Map<String, Value>>) -> bool {
-        !self.nothing && self.requirements.iter().all(|r| r.matches(labels))
-    }
-
-    /// Builds a selector from a `metav1.LabelSelector` as upstream's `LabelSelectorAsSelector`
-    /// does: null selects nothing, `{}` selects everything.
-    pub fn from_label_selector_json(v: &Value) -> Result<Self, SelectorError> {
-        let selector = match v {
-            Value::Null => return Ok(Self::nothing()),
-            Value::Object(selector) => selector,
-            _ => return Err(malformed("must be an object")),
-        };
-        let mut requirements = Vec::new();
-        let labels = match selector.get("matchLabels") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(labels)) => Some(labels),
-            Some(_) => return Err(malformed("matchLabels must be an object")),
-        };
-        for (key, value) in labels.into_iter().flatten() {
-            let value = value.as_str().ok_or_else(|| malformed(&format!("matchLabels[{key}] must be a string")))?;
-            requirements.push(Requirement::new(key.clone(), Operator::Equals, vec![value.to_string()])?);
-        }
-        let expressions = match selector.get("matchExpressions") {
-            None | Some(Value::Null) => &[][..],
-            Some(Value::Array(expressions)) => expressions.as_slice(),
-            Some(_) => return Err(malformed("matchExpressions must be an array")),
-        };
-        for (i, expr) in expressions.iter().enumerate() {
-            requirements.push(expression(expr, &format!("matchExpressions[{i}]"))?);
-        }
-        Ok(Self::sorted(requirements))
+        self.requirements.iter().all(|r| r.matches(labels))
     }
 
     fn sorted(mut requirements: Vec<Requirement>) -> Self {
         requirements.sort_by(|a, b| a.key.cmp(&b.key));
-        Self { requirements, nothing: false }
+        Self { requirements }
     }
 }
 
@@ -252,40 +205,6 @@ impl fmt::Display for LabelSelector {
         }
         Ok(())
     }
-}
-
-fn malformed(message: &str) -> SelectorError {
-    SelectorError::Malformed(message.to_string())
-}
-
-/// Converts one `metav1.LabelSelectorRequirement`; `path` names it in messages.
-fn expression(expr: &Value, path: &str) -> Result<Requirement, SelectorError> {
-    if !expr.is_object() {
-        return Err(malformed(&format!("{path} must be an object")));
-    }
-    let string = |name: &str| match expr.get(name) {
-        None | Some(Value::Null) => Ok(""),
-        Some(Value::String(s)) => Ok(s.as_str()),
-        Some(_) => Err(malformed(&format!("{path}.{name} must be a string"))),
-    };
-    let (key, operator) = (string("key")?, string("operator")?);
-    let op = match operator {
-        "In" => Operator::In,
-        "NotIn" => Operator::NotIn,
-        "Exists" => Operator::Exists,
-        "DoesNotExist" => Operator::DoesNotExist,
-        other => return Err(SelectorError::InvalidOperator(other.to_string())),
-    };
-    let values = match expr.get("values") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(values)) => values
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| malformed(&format!("{path}.values must be strings")))?,
-        Some(_) => return Err(malformed(&format!("{path}.values must be an array"))),
-    };
-    Requirement::new(key.to_string(), op, values)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -542,11 +461,6 @@ impl FieldSelector {
             })
             .collect::<Result<_, SelectorError>>()?;
         Ok(Self { terms })
-    }
-
-    /// A selector that matches every object.
-    pub fn everything() -> Self {
-        Self::default()
     }
 
     /// True when the selector does not restrict anything.
@@ -829,102 +743,13 @@ mod tests {
     }
 
     #[test]
-    fn everything_and_nothing() {
-        let all = LabelSelector::everything();
+    fn empty_selects_everything() {
+        let all = LabelSelector::default();
         assert!(all.is_empty());
         assert!(all.matches(None));
         assert_eq!(all.to_string(), "");
-        assert_eq!(LabelSelector::parse("  "), Ok(LabelSelector::everything()));
-        let none = LabelSelector::nothing();
-        assert!(!none.is_empty());
-        assert!(!none.matches(Some(&labels(json!({"x": "y"})))));
+        assert_eq!(LabelSelector::parse("  "), Ok(LabelSelector::default()));
         assert!(!LabelSelector::parse("x").is_ok_and(|s| s.is_empty()));
-    }
-
-    fn from_json(v: Value) -> Result<LabelSelector, String> {
-        LabelSelector::from_label_selector_json(&v).map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn from_metav1_label_selector() {
-        let s = from_json(json!({
-            "matchLabels": {"app": "web", "tier": "front"},
-            "matchExpressions": [
-                {"key": "env", "operator": "In", "values": ["prod", "dev", "prod"]},
-                {"key": "zone", "operator": "NotIn", "values": ["b"]},
-                {"key": "canary", "operator": "DoesNotExist"},
-                {"key": "team", "operator": "Exists", "values": []}
-            ]
-        }));
-        let s = match s {
-            Ok(s) => s,
-            Err(e) => panic!("{e}"),
-        };
-        assert_eq!(s.to_string(), "app=web,!canary,env in (dev,prod,prod),team,tier=front,zone notin (b)");
-        let pod = labels(json!({"app": "web", "tier": "front", "env": "dev", "team": "x"}));
-        assert!(s.matches(Some(&pod)));
-        let pod = labels(json!({"app": "web", "tier": "front", "env": "qa", "team": "x"}));
-        assert!(!s.matches(Some(&pod)));
-
-        assert_eq!(from_json(json!({})), Ok(LabelSelector::everything()));
-        assert_eq!(from_json(json!({"matchLabels": null, "matchExpressions": null})), Ok(LabelSelector::everything()));
-        assert_eq!(from_json(Value::Null), Ok(LabelSelector::nothing()));
-    }
-
-    #[test]
-    fn metav1_label_selector_errors() {
-        let expr = |e: Value| from_json(json!({"matchExpressions": [e]}));
-        assert_eq!(
-            expr(json!({"key": "a", "operator": "In", "values": []})),
-            Err("for 'in', 'notin' operators, values set can't be empty".to_string())
-        );
-        assert_eq!(
-            expr(json!({"key": "a", "operator": "NotIn"})),
-            Err("for 'in', 'notin' operators, values set can't be empty".to_string())
-        );
-        assert_eq!(
-            expr(json!({"key": "a", "operator": "Exists", "values": ["x"]})),
-            Err("values set must be empty for exists and does not exist".to_string())
-        );
-        assert_eq!(
-            expr(json!({"key": "a", "operator": "DoesNotExist", "values": ["x"]})),
-            Err("values set must be empty for exists and does not exist".to_string())
-        );
-        assert_eq!(
-            expr(json!({"key": "a", "operator": "Gt", "values": ["1"]})),
-            Err("\"Gt\" is not a valid label selector operator".to_string())
-        );
-        assert_eq!(expr(json!({"key": "a"})), Err("\"\" is not a valid label selector operator".to_string()));
-        assert!(expr(json!({"operator": "Exists"})).is_err_and(|e| e.contains("invalid label key \"\"")));
-        assert!(
-            expr(json!({"key": "a", "operator": "In", "values": ["a b"]}))
-                .is_err_and(|e| e.starts_with("invalid label value: \"a b\": at key: \"a\""))
-        );
-        assert!(
-            from_json(json!({"matchLabels": {"app": "a b"}}))
-                .is_err_and(|e| e.starts_with("invalid label value: \"a b\": at key: \"app\""))
-        );
-        for (bad, want) in [
-            (json!([]), "invalid label selector: must be an object"),
-            (json!({"matchLabels": []}), "matchLabels must be an object"),
-            (json!({"matchLabels": {"a": 1}}), "matchLabels[a] must be a string"),
-            (json!({"matchExpressions": {}}), "matchExpressions must be an array"),
-            (json!({"matchExpressions": [1]}), "matchExpressions[0] must be an object"),
-            (
-                json!({"matchExpressions": [{"key": 1, "operator": "Exists"}]}),
-                "matchExpressions[0].key must be a string",
-            ),
-            (
-                json!({"matchExpressions": [{"key": "a", "operator": "In", "values": "x"}]}),
-                "matchExpressions[0].values must be an array",
-            ),
-            (
-                json!({"matchExpressions": [{"key": "a", "operator": "In", "values": [1]}]}),
-                "matchExpressions[0].values must be strings",
-            ),
-        ] {
-            assert!(from_json(bad.clone()).is_err_and(|e| e.contains(want)), "{bad}");
-        }
     }
 
     fn field(s: &str) -> FieldSelector {
@@ -955,7 +780,7 @@ mod tests {
         assert_eq!(field("f = v").fields().collect::<Vec<_>>(), ["f "]);
         assert!(field("").is_empty());
         assert!(!field("a=b").is_empty());
-        assert_eq!(FieldSelector::everything(), field(""));
+        assert_eq!(FieldSelector::default(), field(""));
     }
 
     #[test]

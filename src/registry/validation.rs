@@ -14,7 +14,6 @@ pub enum ErrorType {
     Forbidden,
     Duplicate,
     TooLong,
-    TooMany,
 }
 
 impl ErrorType {
@@ -27,7 +26,6 @@ impl ErrorType {
             ErrorType::Forbidden => "FieldValueForbidden",
             ErrorType::Duplicate => "FieldValueDuplicate",
             ErrorType::TooLong => "FieldValueTooLong",
-            ErrorType::TooMany => "FieldValueTooMany",
         }
     }
 }

@@ -165,6 +165,28 @@ impl Server {
         std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"))
     }
 
+    /// Sends SIGTERM and waits at most `limit` for the server to exit. Returns the data directory and
+    /// the exit status, or `None` when the server had not exited in time (it is then killed).
+    pub fn terminate(mut self, limit: Duration) -> (tempfile::TempDir, Option<std::process::ExitStatus>) {
+        let mut status = None;
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + limit;
+            while status.is_none() && Instant::now() < deadline {
+                status = c.try_wait().expect("wait for cairn");
+                if status.is_none() {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            if status.is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        (std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir")), status)
+    }
+
     /// The kube-rs client configuration of this server's admin kubeconfig.
     pub async fn kube_config(&self) -> kube::Config {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("read the kubeconfig");

@@ -15,7 +15,6 @@ use super::Resource;
 use super::strategy::Typed;
 
 pub use namespace::KUBERNETES_FINALIZER as NAMESPACE_FINALIZER;
-pub use pod_rules::qos_class;
 
 /// Store prefix of nodes (the storage checks node existence for pod deletion).
 pub const NODES_STORAGE: &str = "nodes";

@@ -1,7 +1,7 @@
 //! Pods: defaulting, validation, status subresource, graceful deletion and the `kubectl get pods` table.
 
 use chrono::Utc;
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
@@ -75,23 +75,10 @@ impl Kind for Pods {
 
     fn prepare_create(&self, pod: &mut Pod) {
         pod_rules::default_pod(pod);
-        let spec = pod.spec.clone().unwrap_or_default();
-        let mut status = PodStatus {
-            phase: Some("Pending".into()),
-            qos_class: Some(pod_rules::qos_class(&spec).into()),
-            ..Default::default()
-        };
-        if spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()) {
-            status.conditions = Some(vec![PodCondition {
-                type_: "PodScheduled".into(),
-                status: "False".into(),
-                reason: Some("SchedulingGated".into()),
-                message: Some("Scheduling is blocked due to non-empty scheduling gates".into()),
-                last_transition_time: Some(Time(now())),
-                ..Default::default()
-            }]);
+        let conditions = pod.status.as_mut().and_then(|s| s.conditions.as_mut());
+        for c in conditions.into_iter().flatten() {
+            c.last_transition_time.get_or_insert(Time(now()));
         }
-        pod.status = Some(status);
     }
 
     fn validate(&self, pod: &Pod) -> ErrorList {
@@ -99,6 +86,9 @@ impl Kind for Pods {
     }
 
     fn prepare_update(&self, new: &mut Pod, old: &Pod) {
+        if let Some(spec) = new.spec.as_mut() {
+            pod_rules::default_pod_spec(spec);
+        }
         new.status = old.status.clone();
     }
 
