@@ -241,3 +241,37 @@ fn wrong_credentials_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Unauthorized") || err.contains("provide credentials"), "{err}");
 }
+
+/// A ConfigMap owned by another through `ownerReferences`.
+fn dependent(name: &str, owner_uid: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  ownerReferences:\n  - apiVersion: v1\n    kind: ConfigMap\n    name: owner\n    uid: {owner_uid}\n    blockOwnerDeletion: true\n"
+    )
+}
+
+#[test]
+fn deletion_propagates_to_dependents() {
+    let s = Server::start();
+    let owner = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: owner}\n";
+    let uid_of = |s: &Server| s.ok(&["get", "cm", "owner", "-o", "jsonpath={.metadata.uid}"]);
+
+    // Background (the default): the dependent goes after the owner.
+    s.ok_stdin(&["apply", "-f", "-"], owner);
+    s.ok_stdin(&["apply", "-f", "-"], &dependent("dep", &uid_of(&s)));
+    s.ok(&["delete", "cm", "owner"]);
+    eventually(10, || s.fails(&["get", "cm", "dep"]).contains("not found").then_some(()));
+
+    // Orphan: the dependent stays and loses its owner reference.
+    s.ok_stdin(&["apply", "-f", "-"], owner);
+    s.ok_stdin(&["apply", "-f", "-"], &dependent("kept", &uid_of(&s)));
+    s.ok(&["delete", "cm", "owner", "--cascade=orphan"]);
+    eventually(10, || s.fails(&["get", "cm", "owner"]).contains("not found").then_some(()));
+    assert_eq!(s.ok(&["get", "cm", "kept", "-o", "jsonpath={.metadata.ownerReferences}"]), "");
+
+    // Foreground: the owner waits for its dependents, then goes.
+    s.ok_stdin(&["apply", "-f", "-"], owner);
+    s.ok_stdin(&["apply", "-f", "-"], &dependent("fg", &uid_of(&s)));
+    s.ok(&["delete", "cm", "owner", "--cascade=foreground", "--timeout=20s"]);
+    assert!(s.fails(&["get", "cm", "fg"]).contains("not found"));
+    assert!(s.fails(&["get", "cm", "owner"]).contains("not found"));
+}

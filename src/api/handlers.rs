@@ -459,7 +459,15 @@ fn watch(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result
         resource_version: q.get("resourceVersion").map(str::to_string),
         send_initial_events,
     };
-    let w = state.registry.watch(&t.resource, t.namespace.as_deref(), opts)?;
+    let w = match state.registry.watch(&t.resource, t.namespace.as_deref(), opts) {
+        Ok(w) => w,
+        // As upstream's watch cache: a revision outside the history is an ERROR event in a 200 stream.
+        Err(e) if e.code == 410 => {
+            let line = event_line("ERROR", &serde_json::to_vec(&codec::status_body(&e)).unwrap_or_default());
+            return Ok(codec::json_bytes(StatusCode::OK, line));
+        }
+        Err(e) => return Err(e),
+    };
     let now = Instant::now();
     let st = WatchStream {
         watch: w,

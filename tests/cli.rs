@@ -1,0 +1,129 @@
+//! The command line: flags, the config file, restarts and the certificates cairn creates.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::process::Command;
+
+use common::Server;
+
+fn cairn(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cairn")).args(args).output().expect("run cairn")
+}
+
+#[test]
+fn version_and_help() {
+    let v = cairn(&["--version"]);
+    assert!(v.status.success());
+    assert_eq!(String::from_utf8_lossy(&v.stdout).trim(), format!("cairn {}", env!("CARGO_PKG_VERSION")));
+    let help = String::from_utf8_lossy(&cairn(&["server", "--help"]).stdout).into_owned();
+    for flag in [
+        "--data-dir",
+        "--bind-address",
+        "--https-listen-port",
+        "--write-kubeconfig",
+        "--write-kubeconfig-mode",
+        "--tls-san",
+        "--token",
+        "--token-file",
+        "--disable-agent",
+        "--node-name",
+        "--config",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from help:\n{help}");
+    }
+}
+
+#[test]
+fn bad_flags_fail_with_the_flag_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let out = cairn(&["server", "--data-dir", data.to_str().unwrap(), "--write-kubeconfig-mode", "999"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid write-kubeconfig-mode"));
+    let out = cairn(&["server", "--data-dir", data.to_str().unwrap(), "--cluster-cidr", "10.42.0.0"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid cluster-cidr"));
+    let cfg = dir.path().join("bad.yaml");
+    std::fs::write(&cfg, "no-such-flag: 1\n").unwrap();
+    let out = cairn(&["server", "--config", cfg.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml") && err.contains("no-such-flag"), "{err}");
+}
+
+#[test]
+fn config_file_sets_flags_and_command_line_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, "write-kubeconfig-mode: \"0640\"\ntls-san:\n  - cairn.test\n").unwrap();
+    let s = Server::start_with(dir, &["--config", cfg.to_str().unwrap()]);
+    let mode = std::fs::metadata(&s.kubeconfig).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    // The extra SAN is in the serving certificate: TLS verification by that name succeeds.
+    s.ok(&["--tls-server-name", "cairn.test", "get", "ns", "default"]);
+    let err = s.fails(&["--tls-server-name", "other.test", "get", "ns", "default"]);
+    assert!(err.contains("x509") || err.contains("certificate"), "{err}");
+
+    let dir = s.stop();
+    let s = Server::start_with(dir, &["--config", cfg.to_str().unwrap(), "--write-kubeconfig-mode", "0600"]);
+    let mode = std::fs::metadata(&s.kubeconfig).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the command line overrides the config file");
+}
+
+#[test]
+fn restart_reuses_ca_and_keeps_keys_private() {
+    let s = Server::start();
+    let tls = s.dir.path().join("data/server/tls");
+    let ca = std::fs::read(tls.join("server-ca.crt")).unwrap();
+    for key in ["server-ca.key", "serving.key", "client-admin.key"] {
+        let mode = std::fs::metadata(tls.join(key)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{key}");
+    }
+    let token = s.dir.path().join("data/server/token");
+    assert_eq!(std::fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o600);
+    let old_kubeconfig = std::fs::read_to_string(&s.kubeconfig).unwrap();
+    let dir = s.stop();
+    let s = Server::start_with(dir, &[]);
+    assert_eq!(std::fs::read(tls.join("server-ca.crt")).unwrap(), ca, "the CA must survive a restart");
+    // A kubeconfig handed out before the restart still works.
+    let copy = s.dir.path().join("old.yaml");
+    std::fs::write(&copy, &old_kubeconfig).unwrap();
+    let url_line = std::fs::read_to_string(&s.kubeconfig).unwrap();
+    let server_line = url_line.lines().find(|l| l.trim().starts_with("server:")).unwrap().to_string();
+    let patched: String = std::fs::read_to_string(&copy)
+        .unwrap()
+        .lines()
+        .map(|l| if l.trim().starts_with("server:") { server_line.clone() } else { l.to_string() })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&copy, patched).unwrap();
+    let out = Command::new(common::kubectl_path())
+        .args(["--kubeconfig", copy.to_str().unwrap(), "get", "ns"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn token_authenticates() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir, &["--token", "join-secret-123"]);
+    let out = Command::new(common::kubectl_path())
+        .args([
+            "--server",
+            &s.url,
+            "--insecure-skip-tls-verify",
+            "--token",
+            "join-secret-123",
+            "get",
+            "ns",
+            "default",
+            "-o",
+            "name",
+        ])
+        .env("KUBECONFIG", s.dir.path().join("absent.yaml"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "namespace/default");
+}
