@@ -308,28 +308,28 @@ async fn missing_objects_are_not_found_with_details() {
     let server = Server::start();
     let client = server.client().await;
     let start = quiet_revision(&client).await;
-    let merge = ("content-type", "application/merge-patch+json");
-    let requests: [(&str, &str, &str, Vec<(&str, &str)>, Vec<u8>); 5] = [
-        ("GET", "/api/v1/namespaces/default/configmaps/nope", "configmaps", vec![], vec![]),
-        ("GET", "/api/v1/namespaces/default/pods/nope", "pods", vec![], vec![]),
-        ("DELETE", "/api/v1/namespaces/default/configmaps/nope", "configmaps", vec![], vec![]),
+    let cm = "/api/v1/namespaces/default/configmaps/nope";
+    let requests = [
+        (case("GET a configmap", "GET", cm, 404, "NotFound"), "configmaps"),
+        (case("GET a pod", "GET", "/api/v1/namespaces/default/pods/nope", 404, "NotFound"), "pods"),
+        (case("DELETE", "DELETE", cm, 404, "NotFound"), "configmaps"),
         (
-            "PATCH",
-            "/api/v1/namespaces/default/configmaps/nope",
+            case("PATCH", "PATCH", cm, 404, "NotFound")
+                .header("content-type", "application/merge-patch+json")
+                .body(r#"{"data":{"a":"b"}}"#),
             "configmaps",
-            vec![merge],
-            br#"{"data":{"a":"b"}}"#.to_vec(),
         ),
-        ("PUT", "/api/v1/namespaces/default/configmaps/nope", "configmaps", vec![JSON], config_map("nope")),
+        (case("PUT", "PUT", cm, 404, "NotFound").json(config_map("nope")), "configmaps"),
     ];
-    for (method, path, kind, headers, body) in requests {
-        let answer = call(&client, method, path, &headers, body).await;
-        assert_status(&answer, 404, "NotFound");
+    for (c, kind) in requests {
+        let answer = call(&client, c.method, c.path, &c.headers, c.body).await;
+        assert_status(&answer, c.code, c.reason);
         let details = &answer.1["details"];
         assert_eq!(
             (details["name"].as_str(), details["kind"].as_str()),
             (Some("nope"), Some(kind)),
-            "{method} {path}: {}",
+            "{}: {}",
+            c.what,
             answer.1
         );
         assert_eq!(answer.1["message"], format!("{kind} \"nope\" not found"));

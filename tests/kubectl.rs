@@ -275,3 +275,21 @@ fn deletion_propagates_to_dependents() {
     assert!(s.fails(&["get", "cm", "fg"]).contains("not found"));
     assert!(s.fails(&["get", "cm", "owner"]).contains("not found"));
 }
+
+#[test]
+fn metrics_count_store_flushes() {
+    let s = Server::start();
+    for i in 0..3 {
+        s.ok_stdin(&["apply", "-f", "-"], &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: m{i}}}\n"));
+    }
+    let m = s.ok(&["get", "--raw", "/metrics"]);
+    let value = |name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{m}"))
+    };
+    assert!(value("cairn_store_writes_total ") >= 3, "{m}");
+    assert!(value("cairn_store_flushes_total ") >= 1, "{m}");
+    assert!(value("cairn_store_revision ") >= 3, "{m}");
+}

@@ -154,6 +154,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1", get(core_resources))
         .route("/apis/{group}", get(group_root))
         .route("/apis/{group}/{version}", get(group_resources))
+        .route("/metrics", get(metrics))
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(openapi_v3_index))
         .route("/openapi/v3/{*path}", get(openapi_v3_doc))
@@ -203,6 +204,27 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
 
 async fn health() -> &'static str {
     "ok"
+}
+
+/// A few store figures in the Prometheus text format, as kube-apiserver's `/metrics` serves its own.
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let store = state.registry.store();
+    let stats = store.stats();
+    let body = format!(
+        "# HELP cairn_store_flushes_total Flushes of the store to disk; concurrent writes share one.\n\
+         # TYPE cairn_store_flushes_total counter\n\
+         cairn_store_flushes_total {}\n\
+         # HELP cairn_store_writes_total Writes committed to the store.\n\
+         # TYPE cairn_store_writes_total counter\n\
+         cairn_store_writes_total {}\n\
+         # HELP cairn_store_revision The newest resourceVersion.\n\
+         # TYPE cairn_store_revision gauge\n\
+         cairn_store_revision {}\n",
+        stats.flushes,
+        stats.writes,
+        store.revision()
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {

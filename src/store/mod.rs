@@ -23,6 +23,7 @@ pub use watch::{Event, EventType, Subscription};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, mpsc};
 use std::thread;
 
@@ -103,6 +104,17 @@ struct Inner {
     state: RwLock<State>,
     hub: Hub,
     writes: mpsc::Sender<WriteRequest>,
+    flushes: AtomicU64,
+    committed: AtomicU64,
+}
+
+/// Counters of the writer, for benchmarks and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Flushes to disk (one per committed batch).
+    pub flushes: u64,
+    /// Writes committed.
+    pub writes: u64,
 }
 
 /// Handle to the store; cheap to clone.
@@ -150,13 +162,27 @@ impl Store {
         }
         let revision = state.revision;
         let (tx, rx) = mpsc::channel();
-        let inner = Arc::new(Inner { state: RwLock::new(state), hub: Hub::new(revision, options.history), writes: tx });
+        let inner = Arc::new(Inner {
+            state: RwLock::new(state),
+            hub: Hub::new(revision, options.history),
+            writes: tx,
+            flushes: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+        });
         let writer = Writer { db, inner: Arc::downgrade(&inner) };
         thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| Error::Write(sled::Error::Io(e)))?;
         Ok(Self { inner })
+    }
+
+    /// How many flushes and writes the writer has done.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            flushes: self.inner.flushes.load(Ordering::Relaxed),
+            writes: self.inner.committed.load(Ordering::Relaxed),
+        }
     }
 
     /// The newest committed revision.
@@ -293,6 +319,8 @@ impl Writer {
             }
             return;
         }
+        inner.flushes.fetch_add(1, Ordering::Relaxed);
+        inner.committed.fetch_add(overlay_writes(&staged), Ordering::Relaxed);
         {
             let mut state = inner.state.write().unwrap_or_else(|e| e.into_inner());
             for (key, obj) in overlay {
@@ -323,6 +351,10 @@ impl Writer {
             let _ = reply.send(result);
         }
     }
+}
+
+fn overlay_writes(staged: &[Staged]) -> u64 {
+    staged.iter().filter(|s| s.result.is_ok()).count() as u64
 }
 
 /// Checks the precondition and produces the event for one write at revision `rv`.

@@ -74,6 +74,24 @@ async fn concurrent_creates_of_one_key_have_one_winner() {
     assert_eq!(ok, 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_share_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let s = store.clone();
+            tokio::spawn(async move { s.write(format!("c/{i}"), Precondition::Absent, Op::Put(obj("x"))).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let stats = store.stats();
+    assert_eq!(stats.writes, 64);
+    assert!(stats.flushes < 64, "64 concurrent writes took {} flushes", stats.flushes);
+}
+
 #[tokio::test]
 async fn list_is_prefix_bounded_and_paginates() {
     let dir = tempfile::tempdir().unwrap();
