@@ -3,7 +3,8 @@ use serde_json::json;
 
 async fn registry() -> (tempfile::TempDir, Registry) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(dir.path(), store::Options { cache_bytes: 1 << 20, history: 1000 }).expect("store");
+    let store = Store::open(dir.path(), store::Options { cache_bytes: 1 << 20, history: 1000, ..Default::default() })
+        .expect("store");
     let reg = Registry::new(store);
     crate::controllers::bootstrap(&reg).await.expect("bootstrap");
     (dir, reg)

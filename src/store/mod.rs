@@ -128,13 +128,15 @@ pub struct Store {
 pub struct Options {
     /// sled's page cache bound, in bytes.
     pub cache_bytes: u64,
-    /// How many events the watch history keeps.
+    /// How many events the watch history keeps at most.
     pub history: usize,
+    /// How many bytes of objects the watch history keeps at most.
+    pub history_bytes: usize,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { cache_bytes: 16 << 20, history: 10_000 }
+        Self { cache_bytes: 16 << 20, history: 10_000, history_bytes: 32 << 20 }
     }
 }
 
@@ -164,7 +166,7 @@ impl Store {
         let (tx, rx) = mpsc::channel();
         let inner = Arc::new(Inner {
             state: RwLock::new(state),
-            hub: Hub::new(revision, options.history),
+            hub: Hub::new(revision, options.history, options.history_bytes),
             writes: tx,
             flushes: AtomicU64::new(0),
             committed: AtomicU64::new(0),

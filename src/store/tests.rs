@@ -6,7 +6,7 @@ fn obj(name: &str) -> Value {
 }
 
 fn open(dir: &Path) -> Store {
-    Store::open(dir, Options { cache_bytes: 1 << 20, history: 4 }).expect("open store")
+    Store::open(dir, Options { cache_bytes: 1 << 20, history: 4, ..Default::default() }).expect("open store")
 }
 
 #[tokio::test]
@@ -144,4 +144,17 @@ async fn list_and_watch_miss_nothing() {
     let e = sub.next().await.unwrap();
     assert_eq!(e.rv, b.rv);
     assert_eq!(&*e.key, "c/b");
+}
+
+#[tokio::test]
+async fn history_is_bounded_by_bytes_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options { cache_bytes: 1 << 20, history: 1000, history_bytes: 4096 }).unwrap();
+    let start = store.revision();
+    let big = json!({"metadata": {"name": "big"}, "data": {"k": "x".repeat(3000)}});
+    let a = store.write("c/big".into(), Precondition::Absent, Op::Put(big.clone())).await.unwrap();
+    store.write("c/big".into(), Precondition::Revision(a.rv), Op::Put(big)).await.unwrap();
+    // Two 3 KB versions do not fit in 4 KB: the first was dropped from the history.
+    assert!(matches!(store.watch(start), Err(Error::TooOld { .. })));
+    assert!(store.watch(a.rv).is_ok());
 }

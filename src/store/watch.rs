@@ -32,6 +32,9 @@ pub struct Event {
 struct HubState {
     history: VecDeque<Arc<Event>>,
     capacity: usize,
+    /// Bytes of the objects the history holds, and the bound on them.
+    bytes: usize,
+    max_bytes: usize,
     /// Every event with a revision above this one is in `history`.
     complete_after: u64,
     tx: broadcast::Sender<Arc<Event>>,
@@ -42,12 +45,14 @@ pub(super) struct Hub {
 }
 
 impl Hub {
-    pub(super) fn new(revision: u64, capacity: usize) -> Self {
+    pub(super) fn new(revision: u64, capacity: usize, max_bytes: usize) -> Self {
         let (tx, _) = broadcast::channel(LIVE_CAPACITY);
         Self {
             state: Mutex::new(HubState {
                 history: VecDeque::with_capacity(capacity.min(1024)),
                 capacity: capacity.max(1),
+                bytes: 0,
+                max_bytes,
                 complete_after: revision,
                 tx,
             }),
@@ -61,12 +66,13 @@ impl Hub {
     pub(super) fn publish(&self, events: Vec<Arc<Event>>) {
         let mut st = self.lock();
         for event in events {
-            if st.history.len() == st.capacity
-                && let Some(old) = st.history.pop_front()
-            {
+            st.bytes += event.object.data.len();
+            st.history.push_back(event.clone());
+            while st.history.len() > st.capacity || (st.bytes > st.max_bytes && st.history.len() > 1) {
+                let Some(old) = st.history.pop_front() else { break };
+                st.bytes -= old.object.data.len();
                 st.complete_after = old.rv;
             }
-            st.history.push_back(event.clone());
             // No receivers is fine.
             let _ = st.tx.send(event);
         }
