@@ -196,15 +196,17 @@ fn env_num(name: &str, default: usize) -> Result<usize> {
 struct Endpoint {
     addr: SocketAddr,
     tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// The serving process, for its CPU time.
+    pid: u32,
 }
 
 impl Endpoint {
-    fn plain(addr: SocketAddr) -> Self {
-        Self { addr, tls: None }
+    fn plain(addr: SocketAddr, pid: u32) -> Self {
+        Self { addr, tls: None, pid }
     }
 
     /// The server and admin credentials of a kubeconfig written by `cairn server`.
-    fn from_kubeconfig(path: &Path) -> Result<Self> {
+    fn from_kubeconfig(path: &Path, pid: u32) -> Result<Self> {
         let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
         let cluster = &doc["clusters"][0]["cluster"];
         let user = &doc["users"][0]["user"];
@@ -229,7 +231,7 @@ impl Endpoint {
         let addr: SocketAddr =
             server.trim_start_matches("https://").trim_end_matches('/').parse().context("server is not IP:port")?;
         let name = ServerName::IpAddress(addr.ip().into());
-        Ok(Self { addr, tls: Some((TlsConnector::from(Arc::new(tls)), name)) })
+        Ok(Self { addr, tls: Some((TlsConnector::from(Arc::new(tls)), name)), pid })
     }
 
     /// Opens a keep-alive HTTP/1.1 connection.
@@ -374,7 +376,7 @@ impl Cairn {
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
             proc.check_alive("cairn", &log)?;
-            if let Ok(endpoint) = Endpoint::from_kubeconfig(&kubeconfig)
+            if let Ok(endpoint) = Endpoint::from_kubeconfig(&kubeconfig, proc.0.id())
                 && answers_ok(&endpoint, "/readyz").await
             {
                 return Ok(Self { proc, endpoint, _dir: dir });
@@ -418,7 +420,7 @@ impl Etcd {
             .spawn()
             .context("starting etcd")?;
         let mut proc = Proc(child);
-        let endpoint = Endpoint::plain(client);
+        let endpoint = Endpoint::plain(client, proc.0.id());
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
             proc.check_alive("etcd", &log)?;
@@ -543,6 +545,9 @@ struct Load {
     elapsed: Duration,
     /// Latencies of the successful requests, sorted.
     latencies: Vec<Duration>,
+    /// CPU time of the server process and of this load generator during the run.
+    server_cpu: Duration,
+    client_cpu: Duration,
 }
 
 impl Load {
@@ -552,6 +557,11 @@ impl Load {
 
     fn per_sec(&self) -> f64 {
         self.ok() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// CPU microseconds per successful request.
+    fn cpu_us(&self, cpu: Duration) -> f64 {
+        cpu.as_secs_f64() * 1e6 / self.ok().max(1) as f64
     }
 
     fn to_json(&self) -> Value {
@@ -566,6 +576,8 @@ impl Load {
             "p50_ms": ms(percentile(&self.latencies, 0.50)),
             "p99_ms": ms(percentile(&self.latencies, 0.99)),
             "max_ms": ms(self.latencies.last().copied().unwrap_or_default()),
+            "server_cpu_us_per_request": self.cpu_us(self.server_cpu),
+            "client_cpu_us_per_request": self.cpu_us(self.client_cpu),
         })
     }
 }
@@ -590,6 +602,7 @@ async fn run_load(
     (make, expect): (MakeReq, StatusCode),
 ) -> Result<Load> {
     let conns = futures::future::try_join_all((0..clients).map(|_| endpoint.connect())).await?;
+    let cpu_before = (process_cpu(endpoint.pid), process_cpu(std::process::id()));
     let start = Instant::now();
     let job = Arc::new(Job {
         endpoint: endpoint.clone(),
@@ -600,8 +613,16 @@ async fn run_load(
         deadline: start + limit,
     });
     let tasks: Vec<_> = conns.into_iter().map(|conn| tokio::spawn(client(conn, job.clone()))).collect();
-    let mut load =
-        Load { clients, requests, errors: 0, first_error: None, elapsed: Duration::ZERO, latencies: Vec::new() };
+    let mut load = Load {
+        clients,
+        requests,
+        errors: 0,
+        first_error: None,
+        elapsed: Duration::ZERO,
+        latencies: Vec::new(),
+        server_cpu: Duration::ZERO,
+        client_cpu: Duration::ZERO,
+    };
     for task in tasks {
         let stats = task.await?;
         load.latencies.extend(stats.latencies);
@@ -609,11 +630,24 @@ async fn run_load(
         load.first_error = load.first_error.or(stats.first_error);
     }
     load.elapsed = start.elapsed();
+    load.server_cpu = process_cpu(endpoint.pid).saturating_sub(cpu_before.0);
+    load.client_cpu = process_cpu(std::process::id()).saturating_sub(cpu_before.1);
     load.latencies.sort_unstable();
     if let Some(e) = &load.first_error {
         eprintln!("[bench]   {} failed request(s); first: {e}", load.errors);
     }
     Ok(load)
+}
+
+/// User plus system CPU time a process has used so far (zero if unreadable).
+fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // utime and stime are fields 14 and 15; the fields after the `(comm)` field start at 3.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Duration::from_secs_f64((field(11) + field(12)) as f64 / hz)
 }
 
 #[derive(Default)]
@@ -860,24 +894,45 @@ impl Report {
         let baseline = self.etcd_version.as_deref().unwrap_or("SKIPPED (no etcd binary)");
         let _ = writeln!(t, "\ncairn API benchmark: {} CPU(s), pod JSON {} bytes", cpus(), self.pod_bytes);
         let _ = writeln!(t, "clients: one task with its own keep-alive HTTP/1.1 connection each (TLS for cairn)");
-        let _ = writeln!(t, "baseline: {baseline}, puts of the same pod JSON via POST /v3/kv/put\n");
-        let _ = writeln!(t, "durable creates          ---------- cairn ----------   ---------- etcd -----------");
+        let _ = writeln!(t, "baseline: {baseline}, puts of the same pod JSON via POST /v3/kv/put");
+        self.creates_table(&mut t);
+        self.cpu_table(&mut t);
+        self.list_table(&mut t, config);
+        self.watch_table(&mut t);
+        let f = &self.footprint;
+        let _ = writeln!(t, "\nfootprint");
+        let _ = writeln!(t, "  idle RSS (--disable-agent, 3 s after ready)  {:.1} MiB", f.idle_rss_kib as f64 / 1024.0);
+        let _ = writeln!(t, "  release binary {}  {:.1} MiB", env!("CARGO_BIN_EXE_cairn"), mib(f.binary_bytes));
+        t
+    }
+
+    fn creates_table(&self, t: &mut String) {
+        let _ = writeln!(t, "\ndurable creates          ---------- cairn ----------   ---------- etcd -----------");
         let _ = writeln!(
             t,
             "clients  requests     ok   per s  p50 ms  p99 ms  err     ok   per s  p50 ms  p99 ms  err  cairn/etcd"
         );
         for level in &self.creates {
             let c = &level.cairn;
-            let _ = write!(t, "{:>7}  {:>8}  {}", c.clients, c.requests, load_cells(c));
-            match (&level.etcd, level.ratio()) {
-                (Some(e), Some(r)) => {
-                    let _ = writeln!(t, "  {}  {r:>9.2}x", load_cells(e));
-                }
-                _ => {
-                    let _ = writeln!(t, "  {:>41}  {:>10}", "-", "-");
-                }
-            }
+            let etcd = match (&level.etcd, level.ratio()) {
+                (Some(e), Some(r)) => format!("{}  {r:>9.2}x", load_cells(e)),
+                _ => format!("{:>41}  {:>10}", "-", "-"),
+            };
+            let _ = writeln!(t, "{:>7}  {:>8}  {}  {etcd}", c.clients, c.requests, load_cells(c));
         }
+    }
+
+    fn cpu_table(&self, t: &mut String) {
+        let _ = writeln!(t, "\nCPU per successful request, us: server process / load generator");
+        let _ = writeln!(t, "clients        cairn         etcd");
+        for level in &self.creates {
+            let cells = |l: &Load| format!("{:>5.0} / {:<5.0}", l.cpu_us(l.server_cpu), l.cpu_us(l.client_cpu));
+            let etcd = level.etcd.as_ref().map_or("-".to_string(), cells);
+            let _ = writeln!(t, "{:>7}  {}  {etcd}", level.cairn.clients, cells(&level.cairn));
+        }
+    }
+
+    fn list_table(&self, t: &mut String, config: &Config) {
         let _ = writeln!(t, "\nLIST {} pods, median of {}, time to full body", config.list_pods, config.list_runs);
         for l in &self.lists {
             let times = l.times.iter().map(|d| format!("{:.0}", ms(*d))).collect::<Vec<_>>().join(" ");
@@ -890,6 +945,9 @@ impl Report {
                 mib(l.bytes as u64)
             );
         }
+    }
+
+    fn watch_table(&self, t: &mut String) {
         let w = &self.watch;
         let _ = writeln!(
             t,
@@ -906,11 +964,6 @@ impl Report {
             w.watchers * w.writes,
             ms(percentile(&w.write, 0.5)),
         );
-        let f = &self.footprint;
-        let _ = writeln!(t, "\nfootprint");
-        let _ = writeln!(t, "  idle RSS (--disable-agent, 3 s after ready)  {:.1} MiB", f.idle_rss_kib as f64 / 1024.0);
-        let _ = writeln!(t, "  release binary {}  {:.1} MiB", env!("CARGO_BIN_EXE_cairn"), mib(f.binary_bytes));
-        t
     }
 
     fn to_json(&self, config: &Config) -> Value {

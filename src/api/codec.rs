@@ -73,7 +73,10 @@ pub fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, StatusError
     match ct.as_str() {
         "" | JSON | "*/*" => parse_json(body),
         YAML | "application/x-yaml" | "text/yaml" => parse_yaml(body),
-        other => Err(StatusError::unsupported_media_type(other, &[JSON, YAML])),
+        super::protobuf::MEDIA_TYPE => {
+            super::protobuf::decode(body).map_err(|e| StatusError::bad_request(e.to_string()))
+        }
+        other => Err(StatusError::unsupported_media_type(other, &[JSON, YAML, super::protobuf::MEDIA_TYPE])),
     }
 }
 

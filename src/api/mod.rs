@@ -8,6 +8,7 @@ mod discovery;
 mod handlers;
 pub mod openapi;
 pub mod pki;
+pub mod protobuf;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
