@@ -4,7 +4,8 @@
 //! (`/usr/bin/etcd`, default durability: fsync per commit), then measures:
 //! - durable pod creates (`POST /api/v1/namespaces/default/pods`, ~1 KiB pods, unique names) with 1, 16
 //!   and 64 concurrent clients, against etcd puts of the same pod JSON through its v3 JSON gateway
-//!   (`POST /v3/kv/put`) with as many clients;
+//!   (`POST /v3/kv/put`) with as many clients, with the CPU time per request of each server and of
+//!   this load generator (from `/proc`) and cairn's writes per disk flush (from its `/metrics`);
 //! - LIST of 10,000 pods as JSON and as a `meta.k8s.io/v1` Table (median of 5, full body received);
 //! - delivery latency of one write to 100 concurrent pod watchers, from just before the write is sent
 //!   to the receipt of the event line;
@@ -85,23 +86,17 @@ async fn run(config: &Config) -> Result<Report> {
     progress("footprint: idle RSS of a fresh server");
     let footprint = footprint().await?;
     let cairn = Cairn::start(&["--disable-agent"]).await?;
-    let etcd = match &config.etcd {
-        Some(bin) if bin.exists() => Some(Etcd::start(bin).await?),
-        Some(bin) => {
-            eprintln!("*** etcd baseline SKIPPED: {} not found (apt-get install etcd-server) ***", bin.display());
-            None
-        }
-        None => {
-            eprintln!("*** etcd baseline SKIPPED: CAIRN_BENCH_ETCD is empty ***");
-            None
-        }
-    };
+    let etcd = start_baseline(config).await;
+    if let Err(why) = &etcd {
+        eprintln!("*** etcd baseline SKIPPED: {why} ***");
+    }
     let pod = PodTemplate::new();
     let mut creates = Vec::new();
     for &clients in &config.clients {
         let requests = if clients == 1 { config.creates_single } else { config.creates };
         progress(&format!("creates: {clients} client(s), {requests} requests"));
         let names: Names = Arc::new(move |i| format!("bench-{clients}-{i}"));
+        let counters = store_counters(&cairn.endpoint).await;
         let cairn_load = run_load(
             &cairn.endpoint,
             clients,
@@ -110,21 +105,34 @@ async fn run(config: &Config) -> Result<Report> {
             cairn_create(&pod, "default", names.clone()),
         )
         .await?;
+        let writes_per_flush = match (counters, store_counters(&cairn.endpoint).await) {
+            (Some((w0, f0)), Some((w1, f1))) if f1 > f0 => Some((w1 - w0) as f64 / (f1 - f0) as f64),
+            _ => None,
+        };
         let etcd_load = match &etcd {
-            Some(etcd) => {
+            Ok(etcd) => {
                 Some(run_load(&etcd.endpoint, clients, requests, config.level_limit, etcd_put(&pod, names)).await?)
             }
-            None => None,
+            Err(_) => None,
         };
-        creates.push(CreateLevel { cairn: cairn_load, etcd: etcd_load });
+        creates.push(CreateLevel { cairn: cairn_load, etcd: etcd_load, writes_per_flush });
     }
-    let etcd_version = etcd.as_ref().map(|e| e.version.clone());
+    let baseline = etcd.as_ref().map(|e| e.version.clone()).map_err(Clone::clone);
     drop(etcd);
     progress(&format!("list: filling {LIST_NAMESPACE} with {} pods", config.list_pods));
     let lists = list(&cairn.endpoint, &pod, config).await?;
     progress(&format!("watch: {} watchers, {} writes", config.watchers, config.watch_writes));
     let watch = watch(&cairn.endpoint, &pod, config).await?;
-    Ok(Report { pod_bytes: pod.render("bench-1-0").len(), footprint, creates, lists, watch, etcd_version })
+    Ok(Report { pod_bytes: pod.render("bench-1-0").len(), footprint, creates, lists, watch, baseline })
+}
+
+/// Starts the etcd baseline, or says why there is none.
+async fn start_baseline(config: &Config) -> Result<Etcd, String> {
+    let Some(bin) = &config.etcd else { return Err("CAIRN_BENCH_ETCD is empty".into()) };
+    if !bin.exists() {
+        return Err(format!("{} not found (apt-get install etcd-server)", bin.display()));
+    }
+    Etcd::start(bin).await.map_err(|e| format!("{} did not start: {e:#}", bin.display()))
 }
 
 fn progress(what: &str) {
@@ -332,9 +340,8 @@ impl Proc {
     fn check_alive(&mut self, name: &str, log: &Path) -> Result<()> {
         if let Some(status) = self.0.try_wait()? {
             let text = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: String =
-                text.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-            bail!("{name} exited with {status}:\n{tail}");
+            let lines: Vec<&str> = text.lines().collect();
+            bail!("{name} exited with {status}:\n{}", lines[lines.len().saturating_sub(20)..].join("\n"));
         }
         Ok(())
     }
@@ -692,6 +699,15 @@ async fn client(mut conn: Conn, job: Arc<Job>) -> ClientStats {
 // ----------------------------------------------------------------------------------------------
 // Measurements
 
+/// The store's `(writes, flushes)` counters from `/metrics`, if the server exports them.
+async fn store_counters(endpoint: &Endpoint) -> Option<(u64, u64)> {
+    let mut conn = endpoint.connect().await.ok()?;
+    let body = conn.expect(Req::get("/metrics", "text/plain"), StatusCode::OK).await.ok()?;
+    let text = String::from_utf8_lossy(&body);
+    let counter = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok());
+    Some((counter("cairn_store_writes_total ")?, counter("cairn_store_flushes_total ")?))
+}
+
 /// Idle memory and binary size.
 struct Footprint {
     binary_bytes: u64,
@@ -716,6 +732,8 @@ async fn footprint() -> Result<Footprint> {
 struct CreateLevel {
     cairn: Load,
     etcd: Option<Load>,
+    /// cairn's writes per disk flush (group commit), from its `/metrics`.
+    writes_per_flush: Option<f64>,
 }
 
 impl CreateLevel {
@@ -839,7 +857,8 @@ async fn open_watch(endpoint: &Endpoint, path: &str) -> Result<(Conn, Incoming)>
     Ok((conn, resp.into_body()))
 }
 
-/// Reports the object name of every event line with the time its last chunk arrived.
+/// Reports the object name of every event line with the time its last chunk arrived; holds the
+/// watch's connection until the stream ends.
 async fn read_watch(_conn: Conn, mut body: Incoming, tx: mpsc::UnboundedSender<Receipt>) {
     let mut buf = Vec::new();
     while let Some(Ok(frame)) = body.frame().await {
@@ -866,7 +885,8 @@ struct Report {
     creates: Vec<CreateLevel>,
     lists: Vec<ListRuns>,
     watch: WatchRun,
-    etcd_version: Option<String>,
+    /// The etcd version, or why the baseline was skipped.
+    baseline: Result<String, String>,
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
@@ -891,10 +911,13 @@ fn cpus() -> usize {
 impl Report {
     fn table(&self, config: &Config) -> String {
         let mut t = String::new();
-        let baseline = self.etcd_version.as_deref().unwrap_or("SKIPPED (no etcd binary)");
+        let baseline = match &self.baseline {
+            Ok(version) => format!("{version}, puts of the same pod JSON via POST /v3/kv/put"),
+            Err(why) => format!("SKIPPED ({why})"),
+        };
         let _ = writeln!(t, "\ncairn API benchmark: {} CPU(s), pod JSON {} bytes", cpus(), self.pod_bytes);
         let _ = writeln!(t, "clients: one task with its own keep-alive HTTP/1.1 connection each (TLS for cairn)");
-        let _ = writeln!(t, "baseline: {baseline}, puts of the same pod JSON via POST /v3/kv/put");
+        let _ = writeln!(t, "baseline: {baseline}");
         self.creates_table(&mut t);
         self.cpu_table(&mut t);
         self.list_table(&mut t, config);
@@ -923,12 +946,13 @@ impl Report {
     }
 
     fn cpu_table(&self, t: &mut String) {
-        let _ = writeln!(t, "\nCPU per successful request, us: server process / load generator");
-        let _ = writeln!(t, "clients        cairn         etcd");
+        let _ = writeln!(t, "\nCPU per successful request, us (server process / load generator); cairn group commit");
+        let _ = writeln!(t, "clients          cairn           etcd  writes/flush");
         for level in &self.creates {
             let cells = |l: &Load| format!("{:>5.0} / {:<5.0}", l.cpu_us(l.server_cpu), l.cpu_us(l.client_cpu));
-            let etcd = level.etcd.as_ref().map_or("-".to_string(), cells);
-            let _ = writeln!(t, "{:>7}  {}  {etcd}", level.cairn.clients, cells(&level.cairn));
+            let etcd = level.etcd.as_ref().map_or(format!("{:>13}", "-"), cells);
+            let batch = level.writes_per_flush.map_or("-".to_string(), |b| format!("{b:.1}"));
+            let _ = writeln!(t, "{:>7}  {}  {etcd}  {batch:>12}", level.cairn.clients, cells(&level.cairn));
         }
     }
 
@@ -976,6 +1000,7 @@ impl Report {
                     "cairn": l.cairn.to_json(),
                     "etcd": l.etcd.as_ref().map(Load::to_json),
                     "ratio_to_etcd": l.ratio(),
+                    "cairn_writes_per_flush": l.writes_per_flush,
                 })
             })
             .collect();
@@ -997,7 +1022,8 @@ impl Report {
             "cpus": cpus(),
             "pod_json_bytes": self.pod_bytes,
             "connections": "one keep-alive HTTP/1.1 connection per client (TLS with client certificate for cairn)",
-            "baseline": self.etcd_version,
+            "baseline": self.baseline.as_ref().ok(),
+            "baseline_skipped": self.baseline.as_ref().err(),
             "creates": creates,
             "list": {"pods": config.list_pods, "runs": config.list_runs, "formats": lists},
             "watch": {
