@@ -24,7 +24,7 @@ use crate::store::{self, Object, Op, Precondition, Store};
 pub use error::{GroupResource, Result, StatusError};
 use patch::PatchType;
 use selector::{FieldSelector, LabelSelector};
-pub use strategy::{DeleteContext, Deletion, ResourceInfo, Strategy};
+pub use strategy::{Admitted, DeleteContext, Deletion, ResourceInfo, Strategy};
 use validation::{ErrorList, FieldError};
 pub use watch::{Watch, WatchItem, WatchOptions};
 
@@ -232,7 +232,7 @@ impl Registry {
     }
 
     /// Parses a request body into a JSON object and checks apiVersion and kind against `r`.
-    fn decode_body(r: &Resource, body: Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> Result<Value> {
+    fn check_body(r: &Resource, body: Value) -> Result<Value> {
         let info = r.info();
         let Value::Object(mut map) = body else {
             return Err(StatusError::bad_request(format!(
@@ -260,28 +260,28 @@ impl Registry {
         }
         map.insert("apiVersion".into(), Value::String(want));
         map.insert("kind".into(), Value::String(info.kind.into()));
-        let decoded = r.decode(Value::Object(map))?;
-        if !decoded.unknown_fields.is_empty() {
-            match opts.field_validation {
-                FieldValidation::Strict => {
-                    let list: Vec<String> =
-                        decoded.unknown_fields.iter().map(|f| format!("unknown field \"{f}\"")).collect();
-                    return Err(StatusError::bad_request(format!("strict decoding error: {}", list.join(", "))));
-                }
-                FieldValidation::Warn => {
-                    warnings.extend(decoded.unknown_fields.iter().map(|f| format!("unknown field \"{f}\"")));
-                }
-                FieldValidation::Ignore => {}
-            }
+        Ok(Value::Object(map))
+    }
+
+    /// Applies `fieldValidation` to the unknown fields of an admitted object: an error when strict,
+    /// warnings otherwise.
+    fn unknown_fields(admitted: &Admitted, opts: &WriteOptions) -> Result<Vec<String>> {
+        let found = || admitted.unknown_fields.iter().map(|f| format!("unknown field \"{f}\""));
+        match opts.field_validation {
+            _ if admitted.unknown_fields.is_empty() => Ok(Vec::new()),
+            FieldValidation::Strict => Err(StatusError::bad_request(format!(
+                "strict decoding error: {}",
+                found().collect::<Vec<_>>().join(", ")
+            ))),
+            FieldValidation::Warn => Ok(found().collect()),
+            FieldValidation::Ignore => Ok(Vec::new()),
         }
-        Ok(decoded.object)
     }
 
     /// POST: create an object in `ns`.
     pub async fn create(&self, r: &Resource, ns: Option<&str>, body: Value, opts: &WriteOptions) -> Result<Written> {
         let info = *r.info();
-        let mut warnings = Vec::new();
-        let mut obj = Self::decode_body(r, body, opts, &mut warnings)?;
+        let mut obj = Self::check_body(r, body)?;
         let meta = strategy::meta_mut(&mut obj);
         let ns = if info.namespaced {
             let body_ns = meta.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty());
@@ -314,10 +314,12 @@ impl Registry {
                 _ => false,
             };
         reset_server_meta(meta, r.generation());
-        r.prepare_create(&mut obj)?;
+        let admitted = r.admit_create(obj)?;
+        let warnings = Self::unknown_fields(&admitted, opts)?;
+        let obj = admitted.object;
         let name = strategy::str_at(&obj, &["metadata", "name"]).unwrap_or_default();
         let mut errs = validate_meta(r, &obj, true);
-        errs.extend(r.validate(&obj)?);
+        errs.extend(admitted.errors);
         if !errs.is_empty() {
             return Err(StatusError::invalid(info.kind, info.group, &name, &errs));
         }
@@ -367,8 +369,7 @@ impl Registry {
         subresource: Option<&str>,
         opts: &WriteOptions,
     ) -> Result<Written> {
-        let mut warnings = Vec::new();
-        let new = Self::decode_body(r, body, opts, &mut warnings)?;
+        let new = Self::check_body(r, body)?;
         if let Some(n) = strategy::str_at(&new, &["metadata", "name"]).filter(|n| !n.is_empty())
             && n != name
         {
@@ -386,10 +387,7 @@ impl Registry {
             ));
         }
         let wanted_rv = parse_rv(strategy::str_at(&new, &["metadata", "resourceVersion"]).as_deref())?;
-        let mut written =
-            self.guaranteed_update(r, ns, name, wanted_rv, subresource, opts, |_| Ok(new.clone())).await?;
-        written.warnings.extend(warnings);
-        Ok(written)
+        self.guaranteed_update(r, ns, name, wanted_rv, subresource, opts, |_| Ok(new.clone())).await
     }
 
     /// PATCH in any of the three patch formats.
@@ -405,23 +403,19 @@ impl Registry {
         opts: &WriteOptions,
     ) -> Result<Written> {
         let keys: Vec<patch::MergeKey> = patch::METADATA_MERGE_KEYS.iter().chain(r.merge_keys()).copied().collect();
-        let mut patch_warnings = Vec::new();
-        let written = self
-            .guaranteed_update(r, ns, name, None, subresource, opts, |current| {
-                let patched =
-                    patch::apply(current, patch, pt, &keys).map_err(|e| StatusError::bad_request(e.to_string()))?;
-                patch_warnings.clear();
-                let obj = Self::decode_body(r, patched, opts, &mut patch_warnings)?;
-                // A resourceVersion in the patch is a precondition.
-                let asked = strategy::str_at(&obj, &["metadata", "resourceVersion"]);
-                let have = strategy::str_at(current, &["metadata", "resourceVersion"]);
-                if asked.is_some() && asked != have {
-                    return Err(StatusError::modified(&r.info().group_resource(), name));
-                }
-                Ok(obj)
-            })
-            .await?;
-        Ok(Written { warnings: patch_warnings, ..written })
+        self.guaranteed_update(r, ns, name, None, subresource, opts, |current| {
+            let patched =
+                patch::apply(current, patch, pt, &keys).map_err(|e| StatusError::bad_request(e.to_string()))?;
+            let obj = Self::check_body(r, patched)?;
+            // A resourceVersion in the patch is a precondition.
+            let asked = strategy::str_at(&obj, &["metadata", "resourceVersion"]);
+            let have = strategy::str_at(current, &["metadata", "resourceVersion"]);
+            if asked.is_some() && asked != have {
+                return Err(StatusError::modified(&r.info().group_resource(), name));
+            }
+            Ok(obj)
+        })
+        .await
     }
 
     /// Read-modify-write with optimistic concurrency. `wanted_rv` set means the client asked for
@@ -447,6 +441,8 @@ impl Registry {
             }
             let mut new = mutate(&old)?;
             keep_server_meta(&mut new, &old, r.generation());
+            let mut warnings = Vec::new();
+            let mut errs = Vec::new();
             match subresource {
                 Some("finalize") => {
                     let finalizers = new["spec"].get("finalizers").cloned();
@@ -462,7 +458,12 @@ impl Registry {
                 }
                 // The binding sets spec.nodeName and the PodScheduled condition itself.
                 Some("binding") => {}
-                _ => r.prepare_update(&mut new, &old, status)?,
+                _ => {
+                    let admitted = r.admit_update(new, &old, status)?;
+                    warnings = Self::unknown_fields(&admitted, opts)?;
+                    errs = admitted.errors;
+                    new = admitted.object;
+                }
             }
             if status {
                 reset_meta_for_status(&mut new, &old);
@@ -471,19 +472,16 @@ impl Registry {
                 let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
                 strategy::meta_mut(&mut new).insert("generation".into(), json!(g));
             }
-            let mut errs = validate_meta(r, &new, false);
+            errs.extend(validate_meta(r, &new, false));
             errs.extend(validate_meta_update(&new, &old));
-            if subresource != Some("binding") {
-                errs.extend(r.validate_update(&new, &old, status)?);
-            }
             if !errs.is_empty() {
                 return Err(StatusError::invalid(info.kind, info.group, name, &errs));
             }
             if new == old {
-                return Ok(Written { object: Self::present(r, &cur)?, warnings: Vec::new(), created: false });
+                return Ok(Written { object: Self::present(r, &cur)?, warnings, created: false });
             }
             if opts.dry_run {
-                return Ok(Written { object: to_bytes(&new)?, warnings: Vec::new(), created: false });
+                return Ok(Written { object: to_bytes(&new)?, warnings, created: false });
             }
             // Removing the last finalizer of an object whose deletion is due finishes the delete.
             let finishing =
@@ -492,7 +490,7 @@ impl Registry {
             let stored = r.encode_stored(new)?;
             let op = if finishing { Op::Delete(stored) } else { Op::Put(stored) };
             match self.store.write(key, Precondition::Revision(cur.rv), op).await {
-                Ok(o) => return Ok(Written { object: Self::present(r, &o)?, warnings: Vec::new(), created: false }),
+                Ok(o) => return Ok(Written { object: Self::present(r, &o)?, warnings, created: false }),
                 Err(store::Error::Conflict { .. }) if wanted_rv.is_none() => continue,
                 Err(store::Error::Conflict { .. }) => return Err(StatusError::modified(&gr, name)),
                 Err(e) => return Err(store_error(r, name, e)),

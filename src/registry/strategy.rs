@@ -207,12 +207,10 @@ pub trait Strategy: Send + Sync {
     fn name_rule(&self) -> NameRule;
     fn pending_finalizers(&self, obj: &Value) -> Result<bool>;
     fn mark_deleting(&self, obj: &mut Value) -> Result<()>;
-    /// Decodes a request body into the canonical JSON of this kind, reporting unknown fields.
-    fn decode(&self, body: Value) -> Result<Decoded>;
-    fn prepare_create(&self, obj: &mut Value) -> Result<()>;
-    fn validate(&self, obj: &Value) -> Result<ErrorList>;
-    fn prepare_update(&self, new: &mut Value, old: &Value, status: bool) -> Result<()>;
-    fn validate_update(&self, new: &Value, old: &Value, status: bool) -> Result<ErrorList>;
+    /// Decodes an object to be created, defaults and validates it, in one typed pass.
+    fn admit_create(&self, obj: Value) -> Result<Admitted>;
+    /// The same for an update (of the status only, if `status`), against the stored object.
+    fn admit_update(&self, new: Value, old: &Value, status: bool) -> Result<Admitted>;
     fn field(&self, obj: &Value, field: &str) -> Option<String>;
     fn columns(&self) -> Vec<Column>;
     fn cells(&self, obj: &Value) -> Result<Vec<Value>>;
@@ -224,10 +222,14 @@ pub trait Strategy: Send + Sync {
     fn schema(&self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema;
 }
 
-/// A decoded body plus the fields that the kind does not know.
-pub struct Decoded {
+/// An object after decoding, defaulting and validation.
+pub struct Admitted {
+    /// The object in the kind's canonical JSON, with defaults.
     pub object: Value,
+    /// Paths present in the request that the kind does not know.
     pub unknown_fields: Vec<String>,
+    /// Validation failures (the object must not be stored if any).
+    pub errors: ErrorList,
 }
 
 /// Erases a [`Kind`] into a [`Strategy`].
@@ -250,6 +252,14 @@ impl<K: Kind> Typed<K> {
 
     fn value(obj: &K::Obj) -> Result<Value> {
         serde_json::to_value(obj).map_err(StatusError::internal)
+    }
+
+    /// Encodes the typed object and finds what the input had that the kind does not know.
+    fn admitted(input: &Value, typed: &K::Obj, errors: ErrorList) -> Result<Admitted> {
+        let object = Self::value(typed)?;
+        let mut unknown_fields = Vec::new();
+        unknown(input, &object, "", &mut unknown_fields);
+        Ok(Admitted { object, unknown_fields, errors })
     }
 }
 
@@ -281,40 +291,24 @@ impl<K: Kind> Strategy for Typed<K> {
         Ok(())
     }
 
-    fn decode(&self, body: Value) -> Result<Decoded> {
-        let obj = self.typed(&body)?;
-        let object = Self::value(&obj)?;
-        let mut unknown_fields = Vec::new();
-        unknown(&body, &object, "", &mut unknown_fields);
-        Ok(Decoded { object, unknown_fields })
-    }
-
-    fn prepare_create(&self, obj: &mut Value) -> Result<()> {
-        let mut t = self.typed(obj)?;
+    fn admit_create(&self, obj: Value) -> Result<Admitted> {
+        let mut t = self.typed(&obj)?;
         self.0.prepare_create(&mut t);
-        *obj = Self::value(&t)?;
-        Ok(())
+        let errors = self.0.validate(&t);
+        Self::admitted(&obj, &t, errors)
     }
 
-    fn validate(&self, obj: &Value) -> Result<ErrorList> {
-        Ok(self.0.validate(&self.typed(obj)?))
-    }
-
-    fn prepare_update(&self, new: &mut Value, old: &Value, status: bool) -> Result<()> {
-        let mut t = self.typed(new)?;
+    fn admit_update(&self, new: Value, old: &Value, status: bool) -> Result<Admitted> {
+        let mut t = self.typed(&new)?;
         let o = self.typed(old)?;
-        if status {
+        let errors = if status {
             self.0.prepare_status_update(&mut t, &o);
+            self.0.validate_status_update(&t, &o)
         } else {
             self.0.prepare_update(&mut t, &o);
-        }
-        *new = Self::value(&t)?;
-        Ok(())
-    }
-
-    fn validate_update(&self, new: &Value, old: &Value, status: bool) -> Result<ErrorList> {
-        let (n, o) = (self.typed(new)?, self.typed(old)?);
-        Ok(if status { self.0.validate_status_update(&n, &o) } else { self.0.validate_update(&n, &o) })
+            self.0.validate_update(&t, &o)
+        };
+        Self::admitted(&new, &t, errors)
     }
 
     fn field(&self, obj: &Value, field: &str) -> Option<String> {
