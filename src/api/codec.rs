@@ -127,7 +127,7 @@ pub fn object(r: &Resource, code: StatusCode, format: Format, obj: Bytes, warnin
             Err(e) => error(&StatusError::internal(e)),
         },
         Format::Table(include) => match table(r, std::slice::from_ref(&obj), include, Map::new()) {
-            Ok(t) => json_value(code, &t),
+            Ok(t) => json_bytes(code, t),
             Err(e) => error(&e),
         },
     };
@@ -157,13 +157,13 @@ pub fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
     resp
 }
 
-/// A server-side `Table` of `items` (each the JSON of one object).
+/// A server-side `Table` of `items` (each the JSON of one object), encoded straight into bytes.
 pub fn table(
     r: &Resource,
     items: &[Bytes],
     include: IncludeObject,
     list_meta: Map<String, Value>,
-) -> Result<Value, StatusError> {
+) -> Result<Bytes, StatusError> {
     let columns: Vec<Value> = r
         .columns()
         .iter()
@@ -171,31 +171,40 @@ pub fn table(
             json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": c.priority})
         })
         .collect();
-    let mut rows = Vec::with_capacity(items.len());
-    for item in items {
-        let v: Value = serde_json::from_slice(item).map_err(StatusError::internal)?;
-        let cells = r.cells(&v)?;
-        let mut row = json!({"cells": cells});
-        match include {
-            IncludeObject::None => {}
-            IncludeObject::Metadata => {
-                row["object"] = json!({
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": v.get("metadata").cloned().unwrap_or(Value::Null),
-                });
-            }
-            IncludeObject::Object => row["object"] = v,
-        }
-        rows.push(row);
-    }
-    Ok(json!({
+    let head = json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": Value::Object(list_meta),
         "columnDefinitions": columns,
-        "rows": rows,
-    }))
+    });
+    let mut out = serde_json::to_vec(&head).map_err(StatusError::internal)?;
+    out.pop();
+    out.extend_from_slice(b",\"rows\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let row = r.row(item)?;
+        out.extend_from_slice(b"{\"cells\":");
+        serde_json::to_writer(&mut out, &row.cells).map_err(StatusError::internal)?;
+        match include {
+            IncludeObject::None => {}
+            IncludeObject::Metadata => {
+                out.extend_from_slice(
+                    br#","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#,
+                );
+                serde_json::to_writer(&mut out, &row.metadata).map_err(StatusError::internal)?;
+                out.push(b'}');
+            }
+            IncludeObject::Object => {
+                out.extend_from_slice(b",\"object\":");
+                out.extend_from_slice(item);
+            }
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    Ok(Bytes::from(out))
 }
 
 /// The `meta/v1 Status` body of an error.

@@ -405,7 +405,7 @@ fn list(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result<
 fn list_response(r: &Resource, format: Format, items: Vec<Bytes>, meta: Map<String, Value>) -> Result<Response> {
     let info = r.info();
     match format {
-        Format::Table(include) => Ok(codec::json_value(StatusCode::OK, &codec::table(r, &items, include, meta)?)),
+        Format::Table(include) => Ok(codec::json_bytes(StatusCode::OK, codec::table(r, &items, include, meta)?)),
         Format::Json | Format::Yaml => {
             // Items are already encoded; splice them instead of re-encoding the whole list.
             let head =
@@ -543,7 +543,7 @@ fn encode_event(st: &WatchStream, item: WatchItem) -> Bytes {
             let mut meta = Map::new();
             meta.insert("resourceVersion".into(), json!(rv));
             match codec::table(&st.resource, std::slice::from_ref(&object), include, meta) {
-                Ok(t) => event_line(kind, &serde_json::to_vec(&t).unwrap_or_default()),
+                Ok(t) => event_line(kind, &t),
                 Err(e) => event_line("ERROR", &serde_json::to_vec(&codec::status_body(&e)).unwrap_or_default()),
             }
         }

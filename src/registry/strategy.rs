@@ -162,9 +162,11 @@ pub trait Kind: Send + Sync + 'static {
     fn validate_status_update(&self, _new: &Self::Obj, _old: &Self::Obj) -> ErrorList {
         Vec::new()
     }
-    /// The value of a kind-specific field-selector field.
-    fn field(&self, _obj: &Self::Obj, _field: &str) -> Option<String> {
-        None
+    /// The value of a field-selector field of [`Kind::FIELDS`], read from the object's JSON (no typed
+    /// decode: selectors run over every object of a list or watch). By default the field is the JSON
+    /// path of the same name.
+    fn field(&self, obj: &Value, field: &str) -> Option<String> {
+        Some(field_at(obj, field))
     }
     /// Server-side table columns (all of them; kubectl hides priority 1 unless `-o wide`).
     fn columns(&self) -> Vec<Column> {
@@ -213,13 +215,20 @@ pub trait Strategy: Send + Sync {
     fn admit_update(&self, new: Value, old: &Value, status: bool) -> Result<Admitted>;
     fn field(&self, obj: &Value, field: &str) -> Option<String>;
     fn columns(&self) -> Vec<Column>;
-    fn cells(&self, obj: &Value) -> Result<Vec<Value>>;
+    /// The table row of one object given as JSON bytes: its cells and its metadata.
+    fn row(&self, object: &[u8]) -> Result<Row>;
     fn deletion(&self, obj: &Value, ctx: &DeleteContext<'_>) -> Result<Deletion>;
     fn decode_stored(&self, stored: Value) -> Result<Value>;
     fn encode_stored(&self, obj: Value) -> Result<Value>;
     fn converts(&self) -> bool;
     /// Adds this kind's schema to an OpenAPI generator and returns the reference to it.
     fn schema(&self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema;
+}
+
+/// One row of a server-side table.
+pub struct Row {
+    pub cells: Vec<Value>,
+    pub metadata: Value,
 }
 
 /// An object after decoding, defaulting and validation.
@@ -315,7 +324,8 @@ impl<K: Kind> Strategy for Typed<K> {
         match field {
             "metadata.name" => str_at(obj, &["metadata", "name"]),
             "metadata.namespace" => str_at(obj, &["metadata", "namespace"]),
-            _ => self.0.field(&self.typed(obj).ok()?, field),
+            f if K::FIELDS.contains(&f) => self.0.field(obj, f),
+            _ => None,
         }
     }
 
@@ -323,8 +333,10 @@ impl<K: Kind> Strategy for Typed<K> {
         self.0.columns()
     }
 
-    fn cells(&self, obj: &Value) -> Result<Vec<Value>> {
-        Ok(self.0.cells(&self.typed(obj)?))
+    fn row(&self, object: &[u8]) -> Result<Row> {
+        let t: K::Obj = serde_json::from_slice(object).map_err(StatusError::internal)?;
+        let metadata = serde_json::to_value(t.metadata()).map_err(StatusError::internal)?;
+        Ok(Row { cells: self.0.cells(&t), metadata })
     }
 
     fn deletion(&self, obj: &Value, ctx: &DeleteContext<'_>) -> Result<Deletion> {
@@ -370,6 +382,23 @@ fn unknown(input: &Value, known: &Value, path: &str, out: &mut Vec<String>) {
 
 fn is_empty_container(v: &Value) -> bool {
     matches!(v, Value::Object(m) if m.is_empty())
+}
+
+/// The value at a dotted JSON path as a field selector sees it: strings as they are, numbers and
+/// booleans in their JSON form, missing fields as the empty string.
+pub fn field_at(obj: &Value, path: &str) -> String {
+    let mut cur = obj;
+    for p in path.split('.') {
+        match cur.get(p) {
+            Some(v) => cur = v,
+            None => return String::new(),
+        }
+    }
+    match cur {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
 }
 
 /// A string at a JSON path.
@@ -466,6 +495,16 @@ mod tests {
         assert_eq!(human_duration(30 * 3600), "30h");
         assert_eq!(human_duration(3 * 86400 + 3600), "3d1h");
         assert_eq!(human_duration(30 * 86400), "30d");
+    }
+
+    #[test]
+    fn field_paths_read_like_field_sets() {
+        let v = json!({"spec": {"nodeName": "n1", "hostNetwork": true, "priority": 5}, "status": {}});
+        assert_eq!(field_at(&v, "spec.nodeName"), "n1");
+        assert_eq!(field_at(&v, "spec.hostNetwork"), "true");
+        assert_eq!(field_at(&v, "spec.priority"), "5");
+        assert_eq!(field_at(&v, "status.phase"), "");
+        assert_eq!(field_at(&v, "metadata.name"), "");
     }
 
     #[test]

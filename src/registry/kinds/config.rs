@@ -184,10 +184,6 @@ impl Kind for Secrets {
         errs
     }
 
-    fn field(&self, secret: &Secret, field: &str) -> Option<String> {
-        (field == "type").then(|| secret.type_.clone().unwrap_or_default())
-    }
-
     fn columns(&self) -> Vec<Column> {
         vec![
             NAME_COLUMN,

@@ -6,7 +6,7 @@ use k8s_openapi::api::events::v1::Event;
 use serde_json::{Map, Value, json};
 
 use crate::registry::error::{Result, StatusError};
-use crate::registry::strategy::{Column, Kind, NameRule, ResourceInfo, since, since_cell};
+use crate::registry::strategy::{Column, Kind, NameRule, ResourceInfo, field_at, since, since_cell};
 use crate::registry::validation::{ErrorList, FieldError};
 
 pub struct CoreEvents;
@@ -57,22 +57,9 @@ fn rename(obj: Value, forward: bool, api_version: &str) -> Value {
     Value::Object(out)
 }
 
-fn core_field(e: &CoreEvent, field: &str) -> Option<String> {
-    let o = &e.involved_object;
-    Some(match field {
-        "involvedObject.kind" => o.kind.clone().unwrap_or_default(),
-        "involvedObject.namespace" => o.namespace.clone().unwrap_or_default(),
-        "involvedObject.name" => o.name.clone().unwrap_or_default(),
-        "involvedObject.uid" => o.uid.clone().unwrap_or_default(),
-        "involvedObject.apiVersion" => o.api_version.clone().unwrap_or_default(),
-        "involvedObject.resourceVersion" => o.resource_version.clone().unwrap_or_default(),
-        "involvedObject.fieldPath" => o.field_path.clone().unwrap_or_default(),
-        "reason" => e.reason.clone().unwrap_or_default(),
-        "reportingComponent" => e.reporting_component.clone().unwrap_or_default(),
-        "source" => e.source.as_ref().and_then(|s| s.component.clone()).unwrap_or_default(),
-        "type" => e.type_.clone().unwrap_or_default(),
-        _ => return None,
-    })
+/// Event fields: JSON paths, except `source`, which is the reporting component.
+fn event_field(e: &Value, field: &str, source: &str) -> Option<String> {
+    Some(if field == "source" { field_at(&e[source], "component") } else { field_at(e, field) })
 }
 
 fn event_columns() -> Vec<Column> {
@@ -193,8 +180,8 @@ impl Kind for CoreEvents {
         errs
     }
 
-    fn field(&self, e: &CoreEvent, field: &str) -> Option<String> {
-        core_field(e, field)
+    fn field(&self, e: &Value, field: &str) -> Option<String> {
+        event_field(e, field, "source")
     }
 
     fn columns(&self) -> Vec<Column> {
@@ -248,11 +235,8 @@ impl Kind for Events {
         errs
     }
 
-    fn field(&self, e: &Event, field: &str) -> Option<String> {
-        let core = to_core(e)?;
-        let mapped =
-            field.replace("regarding.", "involvedObject.").replace("reportingController", "reportingComponent");
-        core_field(&core, &mapped)
+    fn field(&self, e: &Value, field: &str) -> Option<String> {
+        event_field(e, field, "deprecatedSource")
     }
 
     fn columns(&self) -> Vec<Column> {

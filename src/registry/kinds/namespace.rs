@@ -52,13 +52,6 @@ impl Kind for Namespaces {
         new.spec = old.spec.clone();
     }
 
-    fn field(&self, ns: &Namespace, field: &str) -> Option<String> {
-        match field {
-            "status.phase" => Some(ns.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()),
-            _ => None,
-        }
-    }
-
     fn columns(&self) -> Vec<Column> {
         vec![NAME_COLUMN, Column::new("Status", "string", "The status of the namespace"), AGE_COLUMN]
     }

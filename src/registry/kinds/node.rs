@@ -79,9 +79,12 @@ impl Kind for Nodes {
         new.spec = old.spec.clone();
     }
 
-    fn field(&self, node: &Node, field: &str) -> Option<String> {
+    fn field(&self, node: &Value, field: &str) -> Option<String> {
         match field {
-            "spec.unschedulable" => Some(node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false).to_string()),
+            // An unset boolean reads as false, as upstream's field set renders it.
+            "spec.unschedulable" => {
+                Some(node["spec"].get("unschedulable").and_then(Value::as_bool).unwrap_or(false).to_string())
+            }
             _ => None,
         }
     }

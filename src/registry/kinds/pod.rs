@@ -1,14 +1,15 @@
 //! Pods: defaulting, validation, status subresource, graceful deletion and the `kubectl get pods` table.
 
 use chrono::Utc;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerState, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
 use super::pod_rules;
 use crate::registry::patch::{MergeKey, merge, merge_retain, primitive};
 use crate::registry::strategy::{
-    AGE_COLUMN, Column, DeleteContext, Deletion, Kind, NAME_COLUMN, ResourceInfo, age_cell, human_duration, name_cell,
+    AGE_COLUMN, Column, DeleteContext, Deletion, Kind, NAME_COLUMN, ResourceInfo, age_cell, field_at, human_duration,
+    name_cell,
 };
 use crate::registry::timestamp;
 use crate::registry::validation::ErrorList;
@@ -100,24 +101,11 @@ impl Kind for Pods {
         new.spec = old.spec.clone();
     }
 
-    fn field(&self, pod: &Pod, field: &str) -> Option<String> {
-        let spec = pod.spec.as_ref();
-        let status = pod.status.as_ref();
+    fn field(&self, pod: &Value, field: &str) -> Option<String> {
         Some(match field {
-            "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
-            "spec.restartPolicy" => spec.and_then(|s| s.restart_policy.clone()).unwrap_or_default(),
-            "spec.schedulerName" => spec.and_then(|s| s.scheduler_name.clone()).unwrap_or_default(),
-            "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
-            "spec.hostNetwork" => spec.and_then(|s| s.host_network).unwrap_or(false).to_string(),
-            "status.phase" => status.and_then(|s| s.phase.clone()).unwrap_or_default(),
-            "status.podIP" => status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
-            "status.podIPs" => status
-                .and_then(|s| s.pod_ips.as_ref())
-                .and_then(|ips| ips.first())
-                .map(|ip| ip.ip.clone())
-                .unwrap_or_default(),
-            "status.nominatedNodeName" => status.and_then(|s| s.nominated_node_name.clone()).unwrap_or_default(),
-            _ => return None,
+            "spec.hostNetwork" => pod["spec"].get("hostNetwork").and_then(Value::as_bool).unwrap_or(false).to_string(),
+            "status.podIPs" => field_at(&pod["status"]["podIPs"][0], "ip"),
+            other => field_at(pod, other),
         })
     }
 
@@ -141,12 +129,11 @@ impl Kind for Pods {
 
     fn cells(&self, pod: &Pod) -> Vec<Value> {
         let row = print_pod(pod);
-        let spec = pod.spec.clone().unwrap_or_default();
-        let status = pod.status.clone().unwrap_or_default();
-        let or_none = |s: Option<String>| s.filter(|s| !s.is_empty()).unwrap_or_else(|| "<none>".into());
-        let ip = status.pod_ips.as_ref().and_then(|ips| ips.first()).map(|ip| ip.ip.clone());
-        let gates = spec.readiness_gates.as_ref().filter(|g| !g.is_empty()).map(|gates| {
-            let conditions = status.conditions.as_deref().unwrap_or_default();
+        let (spec, status) = (pod.spec.as_ref(), pod.status.as_ref());
+        let or_none = |s: Option<&str>| json!(s.filter(|s| !s.is_empty()).unwrap_or("<none>"));
+        let ip = status.and_then(|s| s.pod_ips.as_ref()).and_then(|ips| ips.first()).map(|ip| ip.ip.as_str());
+        let gates = spec.and_then(|s| s.readiness_gates.as_ref()).filter(|g| !g.is_empty()).map(|gates| {
+            let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
             let ok = gates
                 .iter()
                 .filter(|g| conditions.iter().any(|c| c.type_ == g.condition_type && c.status == "True"))
@@ -159,10 +146,10 @@ impl Kind for Pods {
             json!(row.reason),
             json!(row.restarts),
             age_cell(&pod.metadata),
-            json!(or_none(ip)),
-            json!(or_none(spec.node_name)),
-            json!(or_none(status.nominated_node_name)),
-            json!(or_none(gates)),
+            or_none(ip),
+            or_none(spec.and_then(|s| s.node_name.as_deref())),
+            or_none(status.and_then(|s| s.nominated_node_name.as_deref())),
+            or_none(gates.as_deref()),
         ]
     }
 
@@ -226,9 +213,10 @@ struct PodRow {
 
 /// Upstream's `printPod`, step for step.
 fn print_pod(pod: &Pod) -> PodRow {
-    let spec = pod.spec.clone().unwrap_or_default();
-    let status = pod.status.clone().unwrap_or_default();
-    let init_specs = spec.init_containers.clone().unwrap_or_default();
+    let (no_spec, no_status) = (PodSpec::default(), PodStatus::default());
+    let spec = pod.spec.as_ref().unwrap_or(&no_spec);
+    let status = pod.status.as_ref().unwrap_or(&no_status);
+    let init_specs = spec.init_containers.as_deref().unwrap_or_default();
     let is_sidecar =
         |name: &str| init_specs.iter().any(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"));
     let total =
@@ -239,7 +227,7 @@ fn print_pod(pod: &Pod) -> PodRow {
     let mut last_restart: Option<i64> = None;
     let mut last_sidecar_restart: Option<i64> = None;
     let mut reason = status.reason.clone().filter(|r| !r.is_empty()).or(status.phase.clone()).unwrap_or_default();
-    let conditions = status.conditions.clone().unwrap_or_default();
+    let conditions = status.conditions.as_deref().unwrap_or_default();
     if conditions.iter().any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("SchedulingGated")) {
         reason = "SchedulingGated".into();
     }
@@ -251,7 +239,7 @@ fn print_pod(pod: &Pod) -> PodRow {
             .map(|t| t.0.as_second())
     };
     let mut initializing = false;
-    let init_statuses = status.init_container_statuses.clone().unwrap_or_default();
+    let init_statuses = status.init_container_statuses.as_deref().unwrap_or_default();
     for (i, c) in init_statuses.iter().enumerate() {
         restarts += c.restart_count;
         if let Some(t) = terminated_at(c) {
@@ -264,7 +252,8 @@ fn print_pod(pod: &Pod) -> PodRow {
                 last_sidecar_restart = last_sidecar_restart.max(Some(t));
             }
         }
-        let state = c.state.clone().unwrap_or_default();
+        let no_state = ContainerState::default();
+        let state = c.state.as_ref().unwrap_or(&no_state);
         match (&state.terminated, &state.waiting) {
             (Some(t), _) if t.exit_code == 0 => continue,
             _ if sidecar && c.started == Some(true) => {
@@ -293,12 +282,13 @@ fn print_pod(pod: &Pod) -> PodRow {
         restarts = sidecar_restarts;
         last_restart = last_sidecar_restart;
         let mut has_running = false;
-        for c in status.container_statuses.clone().unwrap_or_default().iter().rev() {
+        for c in status.container_statuses.as_deref().unwrap_or_default().iter().rev() {
             restarts += c.restart_count;
             if let Some(t) = terminated_at(c) {
                 last_restart = last_restart.max(Some(t));
             }
-            let state = c.state.clone().unwrap_or_default();
+            let no_state = ContainerState::default();
+            let state = c.state.as_ref().unwrap_or(&no_state);
             if let Some(r) = state.waiting.as_ref().and_then(|w| w.reason.clone()).filter(|r| !r.is_empty()) {
                 reason = r;
             } else if let Some(t) = &state.terminated {
