@@ -267,7 +267,7 @@ impl<K: Kind> Typed<K> {
     fn admitted(input: &Value, typed: &K::Obj, errors: ErrorList) -> Result<Admitted> {
         let object = Self::value(typed)?;
         let mut unknown_fields = Vec::new();
-        unknown(input, &object, "", &mut unknown_fields);
+        unknown(input, &object, &mut unknown_fields);
         Ok(Admitted { object, unknown_fields, errors })
     }
 }
@@ -358,26 +358,55 @@ impl<K: Kind> Strategy for Typed<K> {
     }
 }
 
-/// Collects paths present (and non-null) in `input` but absent from the typed round trip.
-fn unknown(input: &Value, known: &Value, path: &str, out: &mut Vec<String>) {
+/// Collects paths present (and non-null) in `input` but absent from the typed round trip. The path
+/// is kept as a stack of segments and only rendered for a field that is reported.
+fn unknown(input: &Value, known: &Value, out: &mut Vec<String>) {
+    walk_unknown(input, known, &mut Vec::new(), out);
+}
+
+enum Segment<'a> {
+    Name(&'a str),
+    Index(usize),
+}
+
+fn walk_unknown<'a>(input: &'a Value, known: &Value, stack: &mut Vec<Segment<'a>>, out: &mut Vec<String>) {
     match (input, known) {
         (Value::Object(i), Value::Object(k)) => {
             for (name, v) in i {
-                let p = if path.is_empty() { name.clone() } else { format!("{path}.{name}") };
+                stack.push(Segment::Name(name));
                 match k.get(name) {
-                    Some(kv) => unknown(v, kv, &p, out),
-                    None if !v.is_null() && !is_empty_container(v) => out.push(p),
+                    Some(kv) => walk_unknown(v, kv, stack, out),
+                    None if !v.is_null() && !is_empty_container(v) => out.push(render(stack)),
                     None => {}
                 }
+                stack.pop();
             }
         }
         (Value::Array(i), Value::Array(k)) => {
             for (n, (iv, kv)) in i.iter().zip(k).enumerate() {
-                unknown(iv, kv, &format!("{path}[{n}]"), out);
+                stack.push(Segment::Index(n));
+                walk_unknown(iv, kv, stack, out);
+                stack.pop();
             }
         }
         _ => {}
     }
+}
+
+fn render(stack: &[Segment<'_>]) -> String {
+    let mut s = String::new();
+    for seg in stack {
+        match seg {
+            Segment::Name(n) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(n);
+            }
+            Segment::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
 }
 
 fn is_empty_container(v: &Value) -> bool {
@@ -512,7 +541,7 @@ mod tests {
         let input = json!({"metadata": {"name": "a", "bogus": 1}, "spec": {"x": null, "list": [{"y": 1}]}});
         let known = json!({"metadata": {"name": "a"}, "spec": {"list": [{}]}});
         let mut out = Vec::new();
-        unknown(&input, &known, "", &mut out);
+        unknown(&input, &known, &mut out);
         assert_eq!(out, vec!["metadata.bogus".to_string(), "spec.list[0].y".to_string()]);
     }
 }

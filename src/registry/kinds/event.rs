@@ -95,7 +95,7 @@ fn event_columns() -> Vec<Column> {
 fn event_cells(e: &CoreEvent) -> Vec<Value> {
     let first = match &e.first_timestamp {
         Some(t) => since_cell(Some(t)),
-        None => micro_since(e.event_time.as_ref().map(|t| t.0)),
+        None => since(e.event_time.as_ref().map(|t| t.0)),
     };
     let mut last = match &e.last_timestamp {
         Some(t) => since_cell(Some(t)),
@@ -103,7 +103,7 @@ fn event_cells(e: &CoreEvent) -> Vec<Value> {
     };
     let mut count = e.count.unwrap_or(0);
     if let Some(series) = &e.series {
-        last = micro_since(series.last_observed_time.as_ref().map(|t| t.0));
+        last = since(series.last_observed_time.as_ref().map(|t| t.0));
         count = series.count.unwrap_or(0);
     } else if count == 0 {
         count = 1;
@@ -142,8 +142,12 @@ fn event_cells(e: &CoreEvent) -> Vec<Value> {
     ]
 }
 
-fn micro_since(t: Option<k8s_openapi::jiff::Timestamp>) -> Value {
-    since(t)
+/// An event's `type` is Normal or Warning when set.
+fn validate_type(t: Option<&str>) -> ErrorList {
+    match t.filter(|t| !t.is_empty()) {
+        Some(t) if !TYPES.contains(&t) => vec![FieldError::not_supported("type", t, TYPES)],
+        _ => Vec::new(),
+    }
 }
 
 impl Kind for CoreEvents {
@@ -165,12 +169,7 @@ impl Kind for CoreEvents {
     const NAME_RULE: NameRule = NameRule::PathSegment;
 
     fn validate(&self, e: &CoreEvent) -> ErrorList {
-        let mut errs = Vec::new();
-        if let Some(t) = e.type_.as_deref().filter(|t| !t.is_empty())
-            && !TYPES.contains(&t)
-        {
-            errs.push(FieldError::not_supported("type", t, TYPES));
-        }
+        let mut errs = validate_type(e.type_.as_deref());
         let ns = e.metadata.namespace.clone().unwrap_or_default();
         if let Some(obj_ns) = e.involved_object.namespace.as_deref().filter(|n| !n.is_empty())
             && obj_ns != ns
@@ -223,12 +222,7 @@ impl Kind for Events {
     const NAME_RULE: NameRule = NameRule::PathSegment;
 
     fn validate(&self, e: &Event) -> ErrorList {
-        let mut errs = Vec::new();
-        if let Some(t) = e.type_.as_deref().filter(|t| !t.is_empty())
-            && !TYPES.contains(&t)
-        {
-            errs.push(FieldError::not_supported("type", t, TYPES));
-        }
+        let mut errs = validate_type(e.type_.as_deref());
         if e.metadata.creation_timestamp.is_none() && e.event_time.is_none() {
             errs.push(FieldError::required("eventTime", ""));
         }
