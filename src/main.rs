@@ -12,10 +12,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-/// mimalloc: the API's many small, short-lived JSON allocations cost a quarter of the CPU under glibc's
-/// allocator (measured with `cargo bench --bench api`).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
 
 /// A single-binary Kubernetes-compatible cluster for edge devices, labs and CI.
