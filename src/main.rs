@@ -1,7 +1,6 @@
 //! cairn: a single-binary, all-in-one Kubernetes-style edge cluster.
 
 mod api;
-mod bench;
 mod controllers;
 mod registry;
 mod server;
@@ -24,10 +23,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the API server with its store, controllers and (soon) the node agent.
+    /// Run the API server with its store and controllers.
     Server(Box<ServerArgs>),
-    /// Measure cairn; see `cairn bench --help`.
-    Bench(bench::BenchArgs),
 }
 
 /// Flags of `cairn server`. Every flag can also be given in the YAML config file under the same
@@ -132,7 +129,6 @@ fn with_config_file(args: ServerArgs) -> Result<ServerArgs> {
     argv.splice(pos..pos, extra);
     match Cli::try_parse_from(argv) {
         Ok(Cli { command: Command::Server(a) }) => Ok(*a),
-        Ok(_) => anyhow::bail!("unexpected command after reading {}", path.display()),
         Err(e) => anyhow::bail!("in the config file {}: {e}", path.display()),
     }
 }
@@ -203,7 +199,6 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Server(args) => run_server(*args),
-        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
