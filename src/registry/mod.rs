@@ -73,7 +73,7 @@ pub enum Deleted {
 }
 
 /// `ListOptions` as far as the storage cares.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ListOptions {
     pub labels: LabelSelector,
     pub fields: FieldSelector,
@@ -600,7 +600,7 @@ impl Registry {
         list: &ListOptions,
         opts: &DeleteOptions,
     ) -> Result<ListPage> {
-        let page = self.list(r, ns, &ListOptions { limit: None, continue_token: None, ..clone_list(list) })?;
+        let page = self.list(r, ns, &ListOptions { limit: None, continue_token: None, ..list.clone() })?;
         let mut items = Vec::new();
         for item in &page.items {
             let v: Value = serde_json::from_slice(item).map_err(StatusError::internal)?;
@@ -663,15 +663,6 @@ impl Registry {
         })
         .await
         .map(|_| ())
-    }
-}
-
-fn clone_list(o: &ListOptions) -> ListOptions {
-    ListOptions {
-        labels: o.labels.clone(),
-        fields: o.fields.clone(),
-        limit: o.limit,
-        continue_token: o.continue_token.clone(),
     }
 }
 
