@@ -2,7 +2,9 @@
 
 mod api;
 mod controllers;
+mod events;
 mod registry;
+mod scheduler;
 mod server;
 mod store;
 
@@ -61,6 +63,12 @@ struct ServerArgs {
     /// Do not run the node agent in this process
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     disable_agent: bool,
+    /// Do not run the scheduler in this process
+    #[arg(long)]
+    disable_scheduler: bool,
+    /// KubeSchedulerConfiguration file (kubescheduler.config.k8s.io/v1): profiles, plugins, weights
+    #[arg(long)]
+    scheduler_config: Option<PathBuf>,
     /// Name of this node [default: the hostname]
     #[arg(long, env = "CAIRN_NODE_NAME")]
     node_name: Option<String>,
@@ -170,7 +178,13 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     if !cidr_ok {
         anyhow::bail!("invalid cluster-cidr {:?}: expected a CIDR such as 10.42.0.0/16", args.cluster_cidr);
     }
+    let scheduler = match (args.disable_scheduler, &args.scheduler_config) {
+        (true, _) => None,
+        (false, Some(path)) => Some(scheduler::Config::load(path)?),
+        (false, None) => Some(scheduler::Config::default()),
+    };
     Ok(server::ServerConfig {
+        scheduler,
         data_dir,
         bind_address: args.bind_address,
         https_listen_port: args.https_listen_port,

@@ -12,11 +12,14 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AppState, Tokens, User, pki};
 use crate::controllers;
 use crate::registry::Registry;
+use crate::scheduler;
 use crate::store::{self, Store};
 
 /// Everything `cairn server` needs, after flags and the config file are merged.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ServerConfig {
+    /// The scheduler's configuration; `None` when it is disabled.
+    pub scheduler: Option<scheduler::Config>,
     pub data_dir: PathBuf,
     pub bind_address: IpAddr,
     pub https_listen_port: u16,
@@ -108,6 +111,9 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
 
     let registry = Registry::new(store);
     controllers::bootstrap(&registry).await.context("creating the system namespaces")?;
+    if let Some(config) = &cfg.scheduler {
+        scheduler::Scheduler::start(registry.clone(), config, &cfg.node_name, shutdown.clone())?;
+    }
 
     let addr = SocketAddr::new(cfg.bind_address, cfg.https_listen_port);
     let listener = api::bind(addr).await?;

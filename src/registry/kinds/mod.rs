@@ -7,7 +7,7 @@ mod event;
 mod namespace;
 mod node;
 pub mod pod;
-mod pod_rules;
+pub mod pod_rules;
 
 use std::sync::Arc;
 

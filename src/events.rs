@@ -1,0 +1,246 @@
+//! Recording core/v1 Events for in-process components (scheduler, node agent), the way client-go's
+//! recorder does: asynchronous and best effort, with repeats of the same event aggregated into one
+//! object whose `count` and `lastTimestamp` advance.
+
+use std::num::NonZeroUsize;
+
+use chrono::Utc;
+use lru::LruCache;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::registry::patch::PatchType;
+use crate::registry::{Registry, WriteOptions, timestamp};
+
+/// Events waiting to be written; more are dropped, as client-go's broadcaster drops them.
+const QUEUE: usize = 1000;
+/// Aggregation memory: the most recent distinct events (client-go's LRU size).
+const REMEMBERED: usize = 4096;
+/// Writes issued together.
+const BATCH: usize = 64;
+
+/// The object an event is about.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectRef {
+    pub kind: &'static str,
+    pub api_version: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    object: ObjectRef,
+    kind: EventType,
+    reason: String,
+    message: String,
+}
+
+struct Recorded {
+    name: String,
+    count: u64,
+}
+
+/// Hands events to a background writer; cheap to clone.
+#[derive(Clone)]
+pub struct Recorder {
+    tx: mpsc::Sender<(Key, &'static str)>,
+}
+
+impl Recorder {
+    /// Starts the writer for `component` (e.g. `default-scheduler`), reporting from `host`.
+    pub fn spawn(registry: Registry, component: String, host: String) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(
+            Writer {
+                registry,
+                component,
+                host,
+                seen: LruCache::new(NonZeroUsize::new(REMEMBERED).unwrap_or(NonZeroUsize::MIN)),
+            }
+            .run(rx),
+        );
+        Recorder { tx }
+    }
+
+    /// Records an event; never blocks. `action` is what the component was doing (`Scheduling`).
+    pub fn record(&self, object: ObjectRef, kind: EventType, reason: &str, action: &'static str, message: String) {
+        let key = Key { object, kind, reason: reason.to_string(), message };
+        if self.tx.try_send((key, action)).is_err() {
+            tracing::debug!("event queue full; dropping an event");
+        }
+    }
+}
+
+struct Writer {
+    registry: Registry,
+    component: String,
+    host: String,
+    seen: LruCache<Key, Recorded>,
+}
+
+impl Writer {
+    async fn run(mut self, mut rx: mpsc::Receiver<(Key, &'static str)>) {
+        let mut batch = Vec::with_capacity(BATCH);
+        while rx.recv_many(&mut batch, BATCH).await > 0 {
+            // Repeats within one batch become one write.
+            let mut merged: Vec<(Key, &'static str, u64)> = Vec::new();
+            for (key, action) in batch.drain(..) {
+                match merged.iter_mut().find(|(k, _, _)| *k == key) {
+                    Some(m) => m.2 += 1,
+                    None => merged.push((key, action, 1)),
+                }
+            }
+            let jobs: Vec<_> = merged
+                .into_iter()
+                .map(|(key, action, n)| {
+                    let prior = self.seen.get(&key).map(|r| (r.name.clone(), r.count));
+                    (key, action, n, prior)
+                })
+                .collect();
+            let this = &self;
+            let writes = jobs.into_iter().map(|(key, action, n, prior)| async move {
+                let result = this.write(&key, action, n, prior).await;
+                (key, result)
+            });
+            let results = futures::future::join_all(writes).await;
+            for (key, result) in results {
+                match result {
+                    Some(recorded) => {
+                        self.seen.put(key, recorded);
+                    }
+                    None => {
+                        self.seen.pop(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Creates the event, or bumps the existing one. `None` when nothing could be written.
+    async fn write(&self, key: &Key, action: &str, n: u64, prior: Option<(String, u64)>) -> Option<Recorded> {
+        let events = self.registry.find("", "v1", "events")?;
+        let now = timestamp(Utc::now());
+        let ns = key.object.namespace.as_str();
+        if let Some((name, count)) = prior {
+            let patch = json!({"count": count + n, "lastTimestamp": now});
+            let body = serde_json::to_vec(&patch).ok()?;
+            match self
+                .registry
+                .patch(&events, Some(ns), &name, &body, PatchType::Merge, None, &WriteOptions::default())
+                .await
+            {
+                Ok(_) => return Some(Recorded { name, count: count + n }),
+                // Expired or deleted meanwhile: start a new one.
+                Err(e) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::debug!("updating event {ns}/{name}: {e}");
+                    return None;
+                }
+            }
+        }
+        let t = Utc::now();
+        let name = format!("{}.{:x}", key.object.name, t.timestamp_nanos_opt().unwrap_or_default());
+        let o = &key.object;
+        let event = json!({
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": ns},
+            "involvedObject": {"kind": o.kind, "apiVersion": o.api_version, "namespace": o.namespace, "name": o.name, "uid": o.uid},
+            "reason": key.reason,
+            "message": key.message,
+            "type": key.kind.as_str(),
+            "source": {"component": self.component, "host": self.host},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": n,
+            "action": action,
+            "reportingComponent": self.component,
+            "reportingInstance": format!("{}-{}", self.component, self.host),
+        });
+        match self.registry.create(&events, Some(ns), event, &WriteOptions::default()).await {
+            Ok(_) => Some(Recorded { name, count: n }),
+            Err(e) => {
+                // A namespace being deleted refuses new events; nothing to do about it.
+                tracing::debug!("recording event {:?} for {}/{}: {e}", key.reason, o.namespace, o.name);
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::registry::ListOptions;
+    use crate::store::{Options, Store};
+
+    #[tokio::test]
+    async fn repeats_aggregate_into_one_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::new(Store::open(dir.path(), Options::default()).unwrap());
+        crate::controllers::bootstrap(&registry).await.unwrap();
+        let rec = Recorder::spawn(registry.clone(), "default-scheduler".into(), "node1".into());
+        let pod = ObjectRef {
+            kind: "Pod",
+            api_version: "v1",
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: "u1".into(),
+        };
+        let events = registry.find("", "v1", "events").unwrap();
+        let list = || {
+            let page = registry.list(&events, Some("default"), &ListOptions::default()).unwrap();
+            page.items.iter().map(|b| serde_json::from_slice::<serde_json::Value>(b).unwrap()).collect::<Vec<_>>()
+        };
+        for round in 0..3 {
+            rec.record(pod.clone(), EventType::Warning, "FailedScheduling", "Scheduling", "no room".into());
+            // Wait for this round to be written before the next one.
+            for _ in 0..100 {
+                if list().first().is_some_and(|e| e["count"] == round + 1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        rec.record(
+            pod.clone(),
+            EventType::Normal,
+            "Scheduled",
+            "Binding",
+            "Successfully assigned default/p to n".into(),
+        );
+        for _ in 0..100 {
+            if list().len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let all = list();
+        assert_eq!(all.len(), 2, "{all:?}");
+        let failed = all.iter().find(|e| e["reason"] == "FailedScheduling").unwrap();
+        assert_eq!(failed["count"], 3);
+        assert_eq!(failed["type"], "Warning");
+        assert_eq!(failed["source"]["component"], "default-scheduler");
+        assert_eq!(failed["involvedObject"]["uid"], "u1");
+        assert!(failed["lastTimestamp"].as_str() >= failed["firstTimestamp"].as_str());
+    }
+}

@@ -1,0 +1,143 @@
+//! The default plugins, and building a plugin by its upstream name.
+
+pub mod balanced;
+pub mod basic;
+pub mod fit;
+pub mod image_locality;
+pub mod inter_pod_affinity;
+pub mod node_affinity;
+pub mod topology_spread;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::framework::{ClusterEvent, CycleState, Plugin, Point, Status};
+use super::types::PodInfo;
+use crate::registry::Registry;
+
+/// Upstream v1.36's default `multiPoint` plugins, in order, with their score weights.
+pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
+    ("SchedulingGates", 0),
+    ("PrioritySort", 0),
+    ("NodeUnschedulable", 0),
+    ("NodeName", 0),
+    ("TaintToleration", 3),
+    ("NodeAffinity", 2),
+    ("NodePorts", 0),
+    ("NodeResourcesFit", 1),
+    ("PodTopologySpread", 2),
+    ("InterPodAffinity", 2),
+    ("NodeResourcesBalancedAllocation", 1),
+    ("ImageLocality", 1),
+    ("DefaultBinder", 0),
+];
+
+/// Upstream plugins for features this cluster does not serve (volumes, preemption, dynamic resource
+/// allocation): configurations may name them; they are left out.
+pub const NOT_SERVED: &[&str] = &[
+    "VolumeRestrictions",
+    "NodeVolumeLimits",
+    "VolumeBinding",
+    "VolumeZone",
+    "DefaultPreemption",
+    "DynamicResources",
+    "NodeDeclaredFeatures",
+];
+
+/// What plugins may use from the rest of the process.
+#[derive(Clone)]
+pub struct Handle {
+    pub registry: Registry,
+}
+
+impl Handle {
+    /// The labels of a namespace, for pod affinity terms with a `namespaceSelector`.
+    fn namespace_labels(&self) -> inter_pod_affinity::NamespaceLabels {
+        let registry = self.registry.clone();
+        Arc::new(move |ns: &str| {
+            let obj = registry.store().get(&format!("{}/{ns}", crate::registry::kinds::NAMESPACES_STORAGE))?;
+            let v: Value = serde_json::from_slice(&obj.data).ok()?;
+            serde_json::from_value(v["metadata"]["labels"].clone()).ok()
+        })
+    }
+}
+
+fn args<T: DeserializeOwned + Default>(args: Option<Value>) -> Result<T, String> {
+    match args {
+        None => Ok(T::default()),
+        Some(v) => serde_json::from_value(v).map_err(|e| e.to_string()),
+    }
+}
+
+/// Builds the plugin called `name` from its `pluginConfig` args (defaults when `None`). `Ok(None)`
+/// for an upstream plugin this cluster leaves out; an error names what is wrong.
+pub fn build(name: &str, config: Option<Value>, handle: &Handle) -> Result<Option<Arc<dyn Plugin>>, String> {
+    let plugin: Arc<dyn Plugin> = match name {
+        "SchedulingGates" => Arc::new(basic::SchedulingGates),
+        "PrioritySort" => Arc::new(basic::PrioritySort),
+        "NodeUnschedulable" => Arc::new(basic::NodeUnschedulable),
+        "NodeName" => Arc::new(basic::NodeName),
+        "NodePorts" => Arc::new(basic::NodePorts),
+        "TaintToleration" => Arc::new(basic::TaintToleration),
+        node_affinity::NAME => Arc::new(node_affinity::NodeAffinity::new(args(config)?)?),
+        fit::NAME => Arc::new(fit::Fit::new(args(config)?)?),
+        balanced::NAME => Arc::new(balanced::BalancedAllocation::new(args(config)?)?),
+        image_locality::NAME => Arc::new(image_locality::ImageLocality),
+        inter_pod_affinity::NAME => Arc::new(
+            inter_pod_affinity::InterPodAffinity::new(args(config)?)?.with_namespace_labels(handle.namespace_labels()),
+        ),
+        topology_spread::NAME => Arc::new(topology_spread::PodTopologySpread::new(args(config)?)?),
+        "DefaultBinder" => Arc::new(DefaultBinder { registry: handle.registry.clone() }),
+        n if NOT_SERVED.contains(&n) => return Ok(None),
+        n => return Err(format!("unknown plugin {n:?}")),
+    };
+    Ok(Some(plugin))
+}
+
+/// QueueingHint for plugins whose Filter looks at one node only: an event helps when the filter now
+/// passes on the node it touched. Pods leaving a node count only for plugins that look at the pods
+/// on it (`pod_removal`).
+pub fn node_hint(p: &dyn Plugin, pod: &PodInfo, event: &ClusterEvent, pod_removal: bool) -> bool {
+    match event {
+        ClusterEvent::NodeAdded(n) | ClusterEvent::NodeChanged(n) => {
+            p.filter(&CycleState::default(), pod, n).is_success()
+        }
+        ClusterEvent::AssignedPodRemoved { node, .. } if pod_removal => {
+            p.filter(&CycleState::default(), pod, node).is_success()
+        }
+        _ => false,
+    }
+}
+
+/// Binds through the API's `pods/{name}/binding`, which sets `spec.nodeName` once.
+pub struct DefaultBinder {
+    registry: Registry,
+}
+
+impl Plugin for DefaultBinder {
+    fn name(&self) -> &'static str {
+        "DefaultBinder"
+    }
+
+    fn points(&self) -> &'static [Point] {
+        &[Point::Bind]
+    }
+
+    fn bind<'a>(&'a self, pod: &'a PodInfo, node: &'a str) -> BoxFuture<'a, Status> {
+        Box::pin(async move {
+            let binding = json!({
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+                "target": {"kind": "Node", "name": node},
+            });
+            match self.registry.bind(&pod.namespace, &pod.name, &binding).await {
+                Ok(()) => Status::success(),
+                Err(e) => Status::error(e.message),
+            }
+        })
+    }
+}
