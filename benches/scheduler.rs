@@ -145,9 +145,9 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     // Ready once it answers.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while nodes.list_metadata(&ListParams::default().limit(1)).await.is_err() {
+    while let Err(e) = nodes.list(&ListParams::default().limit(1)).await {
         if Instant::now() > deadline {
-            bail!("cairn did not answer in 30 s");
+            bail!("cairn did not answer in 30 s: {e}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -166,7 +166,7 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
     let kib_per_node = (cairn.rss_kib()?.saturating_sub(rss_before)) as f64 / sc.nodes as f64;
 
     // Note the bind time of every pod, from a watch opened before the first create.
-    let rv = pods.list_metadata(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
+    let rv = pods.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
     let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let watcher = {
         let bound = bound.clone();

@@ -8,14 +8,12 @@ use std::sync::Arc;
 use rand::Rng;
 use rayon::prelude::*;
 
-use super::framework::{Code, CycleState, Profile, Status};
+use super::framework::{Code, CycleState, PARALLEL_FROM, Profile, Status};
 use super::types::{NodeInfo, PodInfo};
 
 /// Filter at least this many nodes whatever the percentage, and all nodes below it.
 const MIN_FEASIBLE_NODES_TO_FIND: usize = 100;
 const MIN_FEASIBLE_NODES_PERCENTAGE: usize = 5;
-/// Below this many nodes a batch is filtered on the calling thread.
-const PARALLEL_FROM: usize = 32;
 
 /// Why the nodes were rejected.
 #[derive(Debug, Default)]
@@ -139,7 +137,7 @@ pub fn schedule_pod(
         // One feasible node: no need to score.
         1 => Ok(feasible[0].name().to_string()),
         _ => {
-            let s = profile.run_pre_score(state, pod, &feasible);
+            let s = profile.run_pre_score(state, pod, &feasible, all_nodes);
             if !s.is_success() {
                 return Err(Failure::Error(s.message()));
             }
@@ -241,7 +239,7 @@ mod tests {
         fn score(&self, _: &CycleState, _: &PodInfo, node: &NodeInfo) -> Result<i64, Status> {
             Ok(self.scores.get(node.name()).copied().unwrap_or(0))
         }
-        fn normalize_score(&self, _: &CycleState, _: &PodInfo, _: &mut [NodeScore]) -> Status {
+        fn normalize_score(&self, _: &CycleState, _: &PodInfo, _: &mut [NodeScore<'_>]) -> Status {
             Status::success()
         }
     }

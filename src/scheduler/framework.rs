@@ -8,11 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use rayon::prelude::*;
 
 use super::types::{NodeInfo, PodInfo};
 
 /// Highest score a Score plugin may give after normalization.
 pub const MAX_NODE_SCORE: i64 = 100;
+/// From this many nodes on, per-node plugin calls run in parallel.
+pub const PARALLEL_FROM: usize = 128;
 /// Longest a Permit plugin may make a pod wait.
 pub const MAX_PERMIT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
@@ -113,8 +116,8 @@ impl CycleState {
 
 /// A node's score from one plugin, or the weighted total.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeScore {
-    pub name: String,
+pub struct NodeScore<'a> {
+    pub name: &'a str,
     pub score: i64,
 }
 
@@ -214,8 +217,15 @@ pub trait Plugin: Send + Sync + 'static {
         Status::success()
     }
 
-    /// Once per attempt with more than one feasible node, before scoring.
-    fn pre_score(&self, _state: &mut CycleState, _pod: &PodInfo, _nodes: &[Arc<NodeInfo>]) -> Status {
+    /// Once per attempt with more than one feasible node, before scoring: `nodes` are the feasible
+    /// nodes, `all_nodes` the whole snapshot.
+    fn pre_score(
+        &self,
+        _state: &mut CycleState,
+        _pod: &PodInfo,
+        _nodes: &[Arc<NodeInfo>],
+        _all_nodes: &[Arc<NodeInfo>],
+    ) -> Status {
         Status::success()
     }
 
@@ -225,7 +235,7 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// Rescales all raw scores (into 0..=100) once they are known.
-    fn normalize_score(&self, _state: &CycleState, _pod: &PodInfo, _scores: &mut [NodeScore]) -> Status {
+    fn normalize_score(&self, _state: &CycleState, _pod: &PodInfo, _scores: &mut [NodeScore<'_>]) -> Status {
         Status::success()
     }
 
@@ -354,9 +364,15 @@ impl Profile {
         Status::success()
     }
 
-    pub fn run_pre_score(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[Arc<NodeInfo>]) -> Status {
+    pub fn run_pre_score(
+        &self,
+        state: &mut CycleState,
+        pod: &PodInfo,
+        nodes: &[Arc<NodeInfo>],
+        all_nodes: &[Arc<NodeInfo>],
+    ) -> Status {
         for p in self.plugins(Point::PreScore) {
-            let s = p.pre_score(state, pod, nodes);
+            let s = p.pre_score(state, pod, nodes, all_nodes);
             match s.code {
                 Code::Success => {}
                 Code::Skip => {
@@ -369,26 +385,31 @@ impl Profile {
     }
 
     /// Score + NormalizeScore + weights: the weighted total per node, in `nodes` order. Fails when a
-    /// plugin errs or a normalized score is outside 0..=100.
+    /// plugin errs or a normalized score is outside 0..=100. Nodes are scored in parallel.
     pub fn run_score(&self, state: &CycleState, pod: &PodInfo, nodes: &[Arc<NodeInfo>]) -> Result<Vec<i64>, Status> {
+        let active: Vec<&Enabled> =
+            self.at(Point::Score).iter().filter(|e| !state.skip_score.contains(e.plugin.name())).collect();
+        let score_node = |n: &Arc<NodeInfo>| -> Result<Vec<i64>, Status> {
+            active
+                .iter()
+                .map(|e| {
+                    e.plugin.score(state, pod, n).map_err(|s| {
+                        let name = e.plugin.name();
+                        Status::error(format!("running Score plugin {name:?} on node {:?}: {}", n.name(), s.message()))
+                    })
+                })
+                .collect()
+        };
+        let raw: Vec<Vec<i64>> = if nodes.len() >= PARALLEL_FROM {
+            nodes.par_iter().map(score_node).collect::<Result<_, Status>>()?
+        } else {
+            nodes.iter().map(score_node).collect::<Result<_, Status>>()?
+        };
         let mut totals = vec![0i64; nodes.len()];
-        for e in self.at(Point::Score) {
+        for (i, e) in active.iter().enumerate() {
             let p = &e.plugin;
-            if state.skip_score.contains(p.name()) {
-                continue;
-            }
-            let mut scores = Vec::with_capacity(nodes.len());
-            for n in nodes {
-                let score = p.score(state, pod, n).map_err(|s| {
-                    Status::error(format!(
-                        "running Score plugin {:?} on node {:?}: {}",
-                        p.name(),
-                        n.name(),
-                        s.message()
-                    ))
-                })?;
-                scores.push(NodeScore { name: n.name().to_string(), score });
-            }
+            let mut scores: Vec<NodeScore> =
+                nodes.iter().zip(&raw).map(|(n, r)| NodeScore { name: n.name(), score: r[i] }).collect();
             let s = p.normalize_score(state, pod, &mut scores);
             if !s.is_success() {
                 return Err(Status::error(format!("running Normalize plugin {:?}: {}", p.name(), s.message())));
@@ -492,8 +513,8 @@ pub fn default_normalize(scores: &mut [NodeScore], reverse: bool) {
 mod tests {
     use super::*;
 
-    fn scores(v: &[i64]) -> Vec<NodeScore> {
-        v.iter().enumerate().map(|(i, s)| NodeScore { name: format!("n{i}"), score: *s }).collect()
+    fn scores(v: &[i64]) -> Vec<NodeScore<'static>> {
+        v.iter().map(|s| NodeScore { name: "n", score: *s }).collect()
     }
 
     #[test]

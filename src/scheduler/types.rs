@@ -454,18 +454,20 @@ pub fn node_term_matches(term: &NodeSelectorTerm, node: &NodeFacts) -> bool {
         && fields.iter().all(|r| r.key == "metadata.name" && node_requirement_matches(r, Some(&node.name)))
 }
 
-/// Whether `tolerations` tolerate `taint` (upstream's `Toleration.ToleratesTaint`; an empty key or
-/// effect matches any).
+/// Whether `tolerations` tolerate `taint`.
 pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
-    tolerations.iter().any(|t| {
-        t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect)
-            && t.key.as_deref().is_none_or(|k| k.is_empty() || k == taint.key)
-            && match t.operator.as_deref().unwrap_or_default() {
-                "Exists" => true,
-                "Equal" | "" => t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
-                _ => false,
-            }
-    })
+    tolerations.iter().any(|t| toleration_matches(t, taint))
+}
+
+/// upstream's `Toleration.ToleratesTaint`: an empty key or effect matches any.
+pub fn toleration_matches(t: &Toleration, taint: &Taint) -> bool {
+    t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect)
+        && t.key.as_deref().is_none_or(|k| k.is_empty() || k == taint.key)
+        && match t.operator.as_deref().unwrap_or_default() {
+            "Exists" => true,
+            "Equal" | "" => t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
+            _ => false,
+        }
 }
 
 #[cfg(test)]

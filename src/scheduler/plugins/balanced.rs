@@ -95,7 +95,7 @@ impl Plugin for BalancedAllocation {
     }
 
     /// Skips pods that request none of the resources, so they do not pile onto one node (upstream #129138).
-    fn pre_score(&self, _state: &mut CycleState, pod: &PodInfo, _nodes: &[Arc<NodeInfo>]) -> Status {
+    fn pre_score(&self, _state: &mut CycleState, pod: &PodInfo, _nodes: &[Arc<NodeInfo>], _all: &[Arc<NodeInfo>]) -> Status {
         if self.best_effort(pod) { Status::skip() } else { Status::success() }
     }
 
@@ -179,9 +179,9 @@ mod tests {
         let mut state = CycleState::default();
         // Requests only outside the configured resources count as best-effort too.
         let p = pod("p", json!({"ephemeral-storage": "1Gi"}));
-        assert_eq!(b.pre_score(&mut state, &p, &[]).code, Code::Skip);
+        assert_eq!(b.pre_score(&mut state, &p, &[], &[]).code, Code::Skip);
         assert_eq!(score(&b, &p, &node(json!({"cpu": "4", "memory": "4Gi"}), &[])), 0);
-        assert!(b.pre_score(&mut state, &pod("p", json!({"cpu": "1"})), &[]).is_success());
+        assert!(b.pre_score(&mut state, &pod("p", json!({"cpu": "1"})), &[], &[]).is_success());
     }
 
     #[test]

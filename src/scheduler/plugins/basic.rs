@@ -7,7 +7,7 @@ use super::node_hint;
 use crate::scheduler::framework::{
     ClusterEvent, Code, CycleState, NodeScore, Plugin, Point, PreFilterResult, Status, default_normalize,
 };
-use crate::scheduler::types::{NodeInfo, PodInfo, tolerates};
+use crate::scheduler::types::{NodeInfo, PodInfo, toleration_matches, tolerates};
 
 /// Holds pods with `spec.schedulingGates` out of the active queue.
 pub struct SchedulingGates;
@@ -165,18 +165,19 @@ impl Plugin for TaintToleration {
 
     fn score(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Result<i64, Status> {
         // Only tolerations whose effect is PreferNoSchedule or empty count here.
-        let prefer: Vec<_> = pod
-            .tolerations
+        let prefer = || {
+            pod.tolerations.iter().filter(|t| t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "PreferNoSchedule"))
+        };
+        let count = node
+            .node
+            .taints
             .iter()
-            .filter(|t| t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "PreferNoSchedule"))
-            .cloned()
-            .collect();
-        let count =
-            node.node.taints.iter().filter(|t| t.effect == "PreferNoSchedule" && !tolerates(&prefer, t)).count();
+            .filter(|t| t.effect == "PreferNoSchedule" && !prefer().any(|tol| toleration_matches(tol, t)))
+            .count();
         Ok(count as i64)
     }
 
-    fn normalize_score(&self, _state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore]) -> Status {
+    fn normalize_score(&self, _state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore<'_>]) -> Status {
         default_normalize(scores, true);
         Status::success()
     }

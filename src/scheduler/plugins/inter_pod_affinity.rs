@@ -28,7 +28,6 @@ pub const ERR_REASON_EXISTING_ANTI_AFFINITY_RULES_NOT_MATCH: &str =
 
 const PRE_FILTER_KEY: &str = "PreFilterInterPodAffinity";
 const PRE_SCORE_KEY: &str = "PreScoreInterPodAffinity";
-const SNAPSHOT_KEY: &str = "InterPodAffinity/Snapshot";
 
 /// Namespace name → its labels (`None` when the namespace does not exist).
 pub type NamespaceLabels = Arc<dyn Fn(&str) -> Option<Labels> + Send + Sync>;
@@ -218,9 +217,6 @@ struct PreFilterState {
     self_match: bool,
 }
 
-/// The snapshot's nodes, kept from PreFilter for PreScore (upstream scores against all nodes).
-struct Snapshot(Vec<Arc<NodeInfo>>);
-
 impl InterPodAffinity {
     fn satisfies_pod_affinity(s: &PreFilterState, pod: &PodInfo, node: &NodeFacts) -> bool {
         let mut pods_exist = true;
@@ -258,7 +254,6 @@ impl Plugin for InterPodAffinity {
     }
 
     fn pre_filter(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[Arc<NodeInfo>]) -> (Status, PreFilterResult) {
-        state.write(SNAPSHOT_KEY, Snapshot(nodes.to_vec()));
         let ns = self.namespaces();
         let affinity_terms = terms(pod, Kind::Required);
         let anti_terms = terms(pod, Kind::RequiredAnti);
@@ -318,19 +313,24 @@ impl Plugin for InterPodAffinity {
     /// Sums, per topology domain, the weights of preferred terms between the incoming pod and the
     /// pods already there (plus `hardPodAffinityWeight` per existing required affinity term the
     /// incoming pod matches), over every node of the snapshot.
-    fn pre_score(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[Arc<NodeInfo>]) -> Status {
+    fn pre_score(
+        &self,
+        state: &mut CycleState,
+        pod: &PodInfo,
+        _nodes: &[Arc<NodeInfo>],
+        all_nodes: &[Arc<NodeInfo>],
+    ) -> Status {
         let preferred_affinity = terms(pod, Kind::Preferred);
         let preferred_anti = terms(pod, Kind::PreferredAnti);
         let has_constraints = !preferred_affinity.is_empty() || !preferred_anti.is_empty();
         if self.args.ignore_preferred_terms_of_existing_pods && !has_constraints {
             return Status::skip();
         }
-        let all_nodes = state.read::<Snapshot>(SNAPSHOT_KEY).map_or_else(|| nodes.to_vec(), |s| s.0.clone());
         let ns = self.namespaces();
         let hard_weight = i64::from(self.args.hard_pod_affinity_weight);
 
         let mut scores = TopologyCounts::new();
-        for node in &all_nodes {
+        for node in all_nodes {
             let facts = &node.node;
             if facts.labels.is_empty() || (!has_constraints && node.pods_with_affinity == 0) {
                 continue;
@@ -374,7 +374,7 @@ impl Plugin for InterPodAffinity {
     }
 
     /// Min–max scaling into 0..=100 (all 0 when every node scored the same), as upstream.
-    fn normalize_score(&self, state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore]) -> Status {
+    fn normalize_score(&self, state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore<'_>]) -> Status {
         let Some(topology) = state.read::<TopologyCounts>(PRE_SCORE_KEY) else {
             return Status::error(format!("reading {PRE_SCORE_KEY:?} from cycleState: not found"));
         };
@@ -609,14 +609,14 @@ mod tests {
     ) -> Option<(Vec<i64>, Vec<i64>)> {
         let mut state = CycleState::default();
         pl.pre_filter(&mut state, pod, all);
-        let s = pl.pre_score(&mut state, pod, feasible);
+        let s = pl.pre_score(&mut state, pod, feasible, all);
         if s.code == Code::Skip {
             return None;
         }
         assert!(s.is_success(), "{s}");
         let mut list: Vec<_> = feasible
             .iter()
-            .map(|n| NodeScore { name: n.name().to_string(), score: pl.score(&state, pod, n).unwrap() })
+            .map(|n| NodeScore { name: n.name(), score: pl.score(&state, pod, n).unwrap() })
             .collect();
         let raw = list.iter().map(|s| s.score).collect();
         assert!(pl.normalize_score(&state, pod, &mut list).is_success());

@@ -129,7 +129,7 @@ impl Plugin for NodeAffinity {
         Status::success()
     }
 
-    fn pre_score(&self, _state: &mut CycleState, pod: &PodInfo, _nodes: &[Arc<NodeInfo>]) -> Status {
+    fn pre_score(&self, _state: &mut CycleState, pod: &PodInfo, _nodes: &[Arc<NodeInfo>], _all: &[Arc<NodeInfo>]) -> Status {
         if Self::preferred_terms(pod).is_empty() && self.added_preferred.is_empty() {
             return Status::skip();
         }
@@ -146,7 +146,7 @@ impl Plugin for NodeAffinity {
             .sum())
     }
 
-    fn normalize_score(&self, _state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore]) -> Status {
+    fn normalize_score(&self, _state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore<'_>]) -> Status {
         default_normalize(scores, false);
         Status::success()
     }
@@ -230,7 +230,7 @@ mod tests {
         let raw: Vec<i64> = nodes.iter().map(|n| plugin().score(&state, &p, n).unwrap()).collect();
         assert_eq!(raw, [50, 30, 0]);
         let mut scores: Vec<NodeScore> =
-            raw.iter().zip(&nodes).map(|(s, n)| NodeScore { name: n.name().into(), score: *s }).collect();
+            raw.iter().zip(&nodes).map(|(s, n)| NodeScore { name: n.name(), score: *s }).collect();
         plugin().normalize_score(&state, &p, &mut scores);
         assert_eq!(scores.iter().map(|s| s.score).collect::<Vec<_>>(), [100, 60, 0]);
     }

@@ -33,7 +33,6 @@ pub const ERR_REASON_NODE_LABEL_NOT_MATCH: &str =
 
 const PRE_FILTER_KEY: &str = "PreFilterPodTopologySpread";
 const PRE_SCORE_KEY: &str = "PreScorePodTopologySpread";
-const SNAPSHOT_KEY: &str = "PodTopologySpread/Snapshot";
 const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 const DO_NOT_SCHEDULE: &str = "DoNotSchedule";
 const SCHEDULE_ANYWAY: &str = "ScheduleAnyway";
@@ -214,9 +213,6 @@ fn has_all_keys(node: &NodeFacts, constraints: &[Constraint]) -> bool {
     constraints.iter().all(|c| node.labels.contains_key(&c.topology_key))
 }
 
-/// The snapshot's nodes, kept from PreFilter for PreScore (upstream counts pods on all nodes).
-struct Snapshot(Vec<Arc<NodeInfo>>);
-
 /// Matching pods per domain of each DoNotSchedule constraint, from PreFilter for Filter.
 struct PreFilterState {
     constraints: Vec<Constraint>,
@@ -249,7 +245,6 @@ impl Plugin for PodTopologySpread {
     /// Counts matching pods per domain over the nodes that have every topology key and pass the
     /// constraint's node inclusion policies (upstream's `calPreFilterState`).
     fn pre_filter(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[Arc<NodeInfo>]) -> (Status, PreFilterResult) {
-        state.write(SNAPSHOT_KEY, Snapshot(nodes.to_vec()));
         let constraints = constraints(pod, DO_NOT_SCHEDULE);
         if constraints.is_empty() {
             return (Status::skip(), None);
@@ -291,8 +286,13 @@ impl Plugin for PodTopologySpread {
 
     /// Domains come from the feasible nodes that have every topology key (the others are ignored);
     /// their pod counts from every node of the snapshot that passes the inclusion policies.
-    fn pre_score(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[Arc<NodeInfo>]) -> Status {
-        let all_nodes = state.read::<Snapshot>(SNAPSHOT_KEY).map_or_else(|| nodes.to_vec(), |s| s.0.clone());
+    fn pre_score(
+        &self,
+        state: &mut CycleState,
+        pod: &PodInfo,
+        nodes: &[Arc<NodeInfo>],
+        all_nodes: &[Arc<NodeInfo>],
+    ) -> Status {
         if all_nodes.is_empty() {
             return Status::skip();
         }
@@ -359,15 +359,15 @@ impl Plugin for PodTopologySpread {
 
     /// Fewer matching pods score higher: `100·(max + min − s)/max`, all 100 when `max` is 0;
     /// ignored nodes get 0.
-    fn normalize_score(&self, state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore]) -> Status {
+    fn normalize_score(&self, state: &CycleState, _pod: &PodInfo, scores: &mut [NodeScore<'_>]) -> Status {
         let Some(s) = state.read::<PreScoreState>(PRE_SCORE_KEY) else {
             return Status::error(format!("reading {PRE_SCORE_KEY:?} from cycleState: not found"));
         };
-        let counted = || scores.iter().filter(|n| !s.ignored.contains(&n.name)).map(|n| n.score);
+        let counted = || scores.iter().filter(|n| !s.ignored.contains(n.name)).map(|n| n.score);
         let min = counted().min().unwrap_or(i64::MAX);
         let max = counted().max().unwrap_or(0).max(0);
         for n in scores.iter_mut() {
-            n.score = if s.ignored.contains(&n.name) {
+            n.score = if s.ignored.contains(n.name) {
                 0
             } else if max == 0 {
                 MAX_NODE_SCORE
@@ -562,7 +562,7 @@ mod tests {
         let nodes = arcs(cluster());
         let mut state = CycleState::default();
         assert_eq!(pl.pre_filter(&mut state, &web("w"), &nodes).0.code, Code::Skip);
-        assert_eq!(pl.pre_score(&mut state, &web("w"), &nodes).code, Code::Skip);
+        assert_eq!(pl.pre_score(&mut state, &web("w"), &nodes, &nodes).code, Code::Skip);
         // Soft constraints only: nothing to filter.
         let soft = incoming(json!([constraint("zone", 1, SCHEDULE_ANYWAY, json!({}))]), json!({}));
         assert_eq!(pl.pre_filter(&mut state, &soft, &nodes).0.code, Code::Skip);
@@ -573,10 +573,10 @@ mod tests {
         let pl = PodTopologySpread::new(PodTopologySpreadArgs::default()).unwrap();
         let mut state = CycleState::default();
         pl.pre_filter(&mut state, pod, all);
-        assert!(pl.pre_score(&mut state, pod, feasible).is_success());
+        assert!(pl.pre_score(&mut state, pod, feasible, all).is_success());
         let mut list: Vec<_> = feasible
             .iter()
-            .map(|n| NodeScore { name: n.name().to_string(), score: pl.score(&state, pod, n).unwrap() })
+            .map(|n| NodeScore { name: n.name(), score: pl.score(&state, pod, n).unwrap() })
             .collect();
         let raw = list.iter().map(|s| s.score).collect();
         assert!(pl.normalize_score(&state, pod, &mut list).is_success());
