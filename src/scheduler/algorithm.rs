@@ -14,6 +14,8 @@ use super::types::{NodeInfo, PodInfo};
 /// Filter at least this many nodes whatever the percentage, and all nodes below it.
 const MIN_FEASIBLE_NODES_TO_FIND: usize = 100;
 const MIN_FEASIBLE_NODES_PERCENTAGE: usize = 5;
+/// Smallest batch of nodes filtered at once once the first batch fell short.
+const MIN_BATCH: usize = 32;
 
 /// Why the nodes were rejected.
 #[derive(Debug, Default)]
@@ -162,13 +164,14 @@ fn find_feasible(
     }
     let want = num_feasible_nodes_to_find(profile.percentage_of_nodes_to_score, n);
     let start = *next_start % n;
+    let filters = profile.active_filters(state);
     let mut feasible = Vec::with_capacity(want);
     let mut processed = 0;
     while processed < n && feasible.len() < want {
-        let batch = (want - feasible.len()).max(PARALLEL_FROM).min(n - processed);
+        let batch = (want - feasible.len()).max(MIN_BATCH).min(n - processed);
         let check = |i: usize| {
             let node = &nodes[(start + processed + i) % n];
-            (node, profile.run_filter(state, pod, node))
+            (node, Profile::run_filter(&filters, state, pod, node))
         };
         let results: Vec<_> = if batch >= PARALLEL_FROM {
             (0..batch).into_par_iter().map(check).collect()

@@ -15,7 +15,7 @@ use super::types::{NodeInfo, PodInfo};
 /// Highest score a Score plugin may give after normalization.
 pub const MAX_NODE_SCORE: i64 = 100;
 /// From this many nodes on, per-node plugin calls run in parallel.
-pub const PARALLEL_FROM: usize = 128;
+pub const PARALLEL_FROM: usize = 256;
 /// Longest a Permit plugin may make a pod wait.
 pub const MAX_PERMIT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
@@ -346,12 +346,14 @@ impl Profile {
         (Status::success(), result, narrowed_by)
     }
 
-    /// Filter: the first plugin that rejects the pod on `node`.
-    pub fn run_filter(&self, state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
-        for p in self.plugins(Point::Filter) {
-            if state.skip_filter.contains(p.name()) {
-                continue;
-            }
+    /// The Filter plugins that run this attempt (those whose PreFilter did not skip).
+    pub fn active_filters(&self, state: &CycleState) -> Vec<&Arc<dyn Plugin>> {
+        self.plugins(Point::Filter).filter(|p| !state.skip_filter.contains(p.name())).collect()
+    }
+
+    /// Filter: the first of `filters` (see [`Profile::active_filters`]) that rejects the pod on `node`.
+    pub fn run_filter(filters: &[&Arc<dyn Plugin>], state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
+        for p in filters {
             let s = p.filter(state, pod, node);
             if !s.is_success() {
                 if s.code == Code::Error {
@@ -389,27 +391,28 @@ impl Profile {
     pub fn run_score(&self, state: &CycleState, pod: &PodInfo, nodes: &[Arc<NodeInfo>]) -> Result<Vec<i64>, Status> {
         let active: Vec<&Enabled> =
             self.at(Point::Score).iter().filter(|e| !state.skip_score.contains(e.plugin.name())).collect();
-        let score_node = |n: &Arc<NodeInfo>| -> Result<Vec<i64>, Status> {
-            active
-                .iter()
-                .map(|e| {
-                    e.plugin.score(state, pod, n).map_err(|s| {
-                        let name = e.plugin.name();
-                        Status::error(format!("running Score plugin {name:?} on node {:?}: {}", n.name(), s.message()))
-                    })
-                })
-                .collect()
+        let k = active.len().max(1);
+        // raw[node * k + plugin]
+        let mut raw = vec![0i64; nodes.len() * k];
+        let score_node = |(n, out): (&Arc<NodeInfo>, &mut [i64])| -> Result<(), Status> {
+            for (e, slot) in active.iter().zip(out) {
+                *slot = e.plugin.score(state, pod, n).map_err(|s| {
+                    let name = e.plugin.name();
+                    Status::error(format!("running Score plugin {name:?} on node {:?}: {}", n.name(), s.message()))
+                })?;
+            }
+            Ok(())
         };
-        let raw: Vec<Vec<i64>> = if nodes.len() >= PARALLEL_FROM {
-            nodes.par_iter().map(score_node).collect::<Result<_, Status>>()?
+        if nodes.len() >= PARALLEL_FROM {
+            nodes.par_iter().zip(raw.par_chunks_mut(k)).try_for_each(score_node)?;
         } else {
-            nodes.iter().map(score_node).collect::<Result<_, Status>>()?
-        };
+            nodes.iter().zip(raw.chunks_mut(k)).try_for_each(score_node)?;
+        }
         let mut totals = vec![0i64; nodes.len()];
         for (i, e) in active.iter().enumerate() {
             let p = &e.plugin;
             let mut scores: Vec<NodeScore> =
-                nodes.iter().zip(&raw).map(|(n, r)| NodeScore { name: n.name(), score: r[i] }).collect();
+                nodes.iter().zip(raw.chunks(k)).map(|(n, r)| NodeScore { name: n.name(), score: r[i] }).collect();
             let s = p.normalize_score(state, pod, &mut scores);
             if !s.is_success() {
                 return Err(Status::error(format!("running Normalize plugin {:?}: {}", p.name(), s.message())));

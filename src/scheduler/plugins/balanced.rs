@@ -52,6 +52,9 @@ fn validate(args: &BalancedAllocationArgs) -> Result<(), String> {
 
 /// `int64((1 − std) · 100)` of the fractions (each capped at 1): std is |f1 − f2| / 2 for two
 /// resources and the population standard deviation for more.
+/// Resources BalancedAllocation weighs at most (upstream allows cpu, memory and a few extended ones).
+const MAX_RESOURCES: usize = 16;
+
 fn balance(fractions: &[f64]) -> i64 {
     let n = fractions.len() as f64;
     let std = match fractions {
@@ -95,7 +98,13 @@ impl Plugin for BalancedAllocation {
     }
 
     /// Skips pods that request none of the resources, so they do not pile onto one node (upstream #129138).
-    fn pre_score(&self, _state: &mut CycleState, pod: &PodInfo, _nodes: &[Arc<NodeInfo>], _all: &[Arc<NodeInfo>]) -> Status {
+    fn pre_score(
+        &self,
+        _state: &mut CycleState,
+        pod: &PodInfo,
+        _nodes: &[Arc<NodeInfo>],
+        _all: &[Arc<NodeInfo>],
+    ) -> Status {
         if self.best_effort(pod) { Status::skip() } else { Status::success() }
     }
 
@@ -103,14 +112,17 @@ impl Plugin for BalancedAllocation {
         if self.best_effort(pod) {
             return Ok(0);
         }
-        let (mut with_pod, mut without_pod) = (Vec::new(), Vec::new());
-        for u in self.resources.iter().filter_map(|r| usage(pod, node, &r.name, true)) {
+        // Fractions on the stack: this runs for every feasible node of every pod.
+        let (mut with_pod, mut without_pod) = ([0f64; MAX_RESOURCES], [0f64; MAX_RESOURCES]);
+        let mut n = 0;
+        for u in self.resources.iter().filter_map(|r| usage(pod, node, &r.name, true)).take(MAX_RESOURCES) {
             let fraction = |requested: i64| (requested as f64 / u.allocatable as f64).min(1.0);
-            with_pod.push(fraction(u.used + u.request));
-            without_pod.push(fraction(u.used));
+            with_pod[n] = fraction(u.used + u.request);
+            without_pod[n] = fraction(u.used);
+            n += 1;
         }
         let half = MAX_NODE_SCORE / 2;
-        Ok(half + (half + balance(&with_pod) - balance(&without_pod)) / 2)
+        Ok(half + (half + balance(&with_pod[..n]) - balance(&without_pod[..n])) / 2)
     }
 }
 

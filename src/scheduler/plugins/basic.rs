@@ -7,7 +7,7 @@ use super::node_hint;
 use crate::scheduler::framework::{
     ClusterEvent, Code, CycleState, NodeScore, Plugin, Point, PreFilterResult, Status, default_normalize,
 };
-use crate::scheduler::types::{NodeInfo, PodInfo, toleration_matches, tolerates};
+use crate::scheduler::types::{NodeInfo, PodInfo, tolerates, toleration_matches};
 
 /// Holds pods with `spec.schedulingGates` out of the active queue.
 pub struct SchedulingGates;
@@ -61,9 +61,12 @@ impl Plugin for NodeUnschedulable {
     }
 
     fn filter(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
-        let taint =
-            Taint { key: "node.kubernetes.io/unschedulable".into(), effect: "NoSchedule".into(), ..Default::default() };
-        if node.node.unschedulable && !tolerates(&pod.tolerations, &taint) {
+        let taint = || Taint {
+            key: "node.kubernetes.io/unschedulable".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        };
+        if node.node.unschedulable && !tolerates(&pod.tolerations, &taint()) {
             return Status::unresolvable("node(s) were unschedulable");
         }
         Status::success()
@@ -166,7 +169,9 @@ impl Plugin for TaintToleration {
     fn score(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Result<i64, Status> {
         // Only tolerations whose effect is PreferNoSchedule or empty count here.
         let prefer = || {
-            pod.tolerations.iter().filter(|t| t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "PreferNoSchedule"))
+            pod.tolerations
+                .iter()
+                .filter(|t| t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "PreferNoSchedule"))
         };
         let count = node
             .node

@@ -11,6 +11,9 @@ use crate::scheduler::framework::{ClusterEvent, Code, CycleState, MAX_NODE_SCORE
 use crate::scheduler::types::{NodeInfo, PodInfo};
 
 /// The plugin name in profiles.
+/// Resources a scoring strategy weighs at most.
+const MAX_SCORED: usize = 16;
+
 pub const NAME: &str = "NodeResourcesFit";
 
 /// `scoringStrategy.type`: favor nodes with the most room left (the default).
@@ -373,12 +376,17 @@ impl Plugin for Fit {
     }
 
     fn score(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Result<i64, Status> {
-        let scored: Vec<(i64, i64, i64)> = self
-            .resources
-            .iter()
-            .filter_map(|r| usage(pod, node, &r.name, false).map(|u| (u.used + u.request, u.allocatable, r.weight)))
-            .collect();
-        Ok(self.strategy.score(&scored))
+        // On the stack: this runs for every feasible node of every pod.
+        let mut scored = [(0i64, 0i64, 0i64); MAX_SCORED];
+        let mut n = 0;
+        for (r, u) in self.resources.iter().filter_map(|r| usage(pod, node, &r.name, false).map(|u| (r, u))) {
+            if n == MAX_SCORED {
+                break;
+            }
+            scored[n] = (u.used + u.request, u.allocatable, r.weight);
+            n += 1;
+        }
+        Ok(self.strategy.score(&scored[..n]))
     }
 
     /// A node that appeared, changed or lost a pod may now fit the pod; a pod arriving cannot help.

@@ -614,10 +614,8 @@ mod tests {
             return None;
         }
         assert!(s.is_success(), "{s}");
-        let mut list: Vec<_> = feasible
-            .iter()
-            .map(|n| NodeScore { name: n.name(), score: pl.score(&state, pod, n).unwrap() })
-            .collect();
+        let mut list: Vec<_> =
+            feasible.iter().map(|n| NodeScore { name: n.name(), score: pl.score(&state, pod, n).unwrap() }).collect();
         let raw = list.iter().map(|s| s.score).collect();
         assert!(pl.normalize_score(&state, pod, &mut list).is_success());
         Some((raw, list.iter().map(|s| s.score).collect()))

@@ -129,7 +129,13 @@ impl Plugin for NodeAffinity {
         Status::success()
     }
 
-    fn pre_score(&self, _state: &mut CycleState, pod: &PodInfo, _nodes: &[Arc<NodeInfo>], _all: &[Arc<NodeInfo>]) -> Status {
+    fn pre_score(
+        &self,
+        _state: &mut CycleState,
+        pod: &PodInfo,
+        _nodes: &[Arc<NodeInfo>],
+        _all: &[Arc<NodeInfo>],
+    ) -> Status {
         if Self::preferred_terms(pod).is_empty() && self.added_preferred.is_empty() {
             return Status::skip();
         }

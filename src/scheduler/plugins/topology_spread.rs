@@ -574,10 +574,8 @@ mod tests {
         let mut state = CycleState::default();
         pl.pre_filter(&mut state, pod, all);
         assert!(pl.pre_score(&mut state, pod, feasible, all).is_success());
-        let mut list: Vec<_> = feasible
-            .iter()
-            .map(|n| NodeScore { name: n.name(), score: pl.score(&state, pod, n).unwrap() })
-            .collect();
+        let mut list: Vec<_> =
+            feasible.iter().map(|n| NodeScore { name: n.name(), score: pl.score(&state, pod, n).unwrap() }).collect();
         let raw = list.iter().map(|s| s.score).collect();
         assert!(pl.normalize_score(&state, pod, &mut list).is_success());
         (raw, list.iter().map(|s| s.score).collect())
