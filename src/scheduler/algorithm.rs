@@ -173,8 +173,8 @@ fn find_feasible(
             let node = &nodes[(start + processed + i) % n];
             (node, Profile::run_filter(&filters, state, pod, node))
         };
-        let results: Vec<_> = if batch >= PARALLEL_FROM {
-            (0..batch).into_par_iter().map(check).collect()
+        let results: Vec<_> = if let Some(pool) = profile.pool.as_ref().filter(|_| batch >= PARALLEL_FROM) {
+            pool.install(|| (0..batch).into_par_iter().map(check).collect())
         } else {
             (0..batch).map(check).collect()
         };
@@ -251,7 +251,8 @@ mod tests {
         let enabled: Vec<Enabled> =
             plugins.into_iter().map(|p| Enabled { plugin: Arc::new(p) as Arc<dyn Plugin>, weight: 1 }).collect();
         let points = [(Point::Filter, enabled.clone()), (Point::Score, enabled)].into_iter().collect();
-        Profile { name: "test".into(), points, percentage_of_nodes_to_score: 0 }
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().map(Arc::new).ok();
+        Profile { name: "test".into(), points, percentage_of_nodes_to_score: 0, pool }
     }
 
     fn nodes(names: &[&str]) -> Vec<Arc<NodeInfo>> {

@@ -117,6 +117,8 @@ struct PluginConfig {
 pub struct Config {
     profiles: Vec<ProfileConfig>,
     percentage_of_nodes_to_score: u32,
+    /// Threads that filter and score nodes (`parallelism`); 1 means none besides the scheduling loop.
+    parallelism: usize,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
 }
@@ -206,6 +208,7 @@ impl Config {
             }
         }
         Ok(Config {
+            parallelism: file.parallelism.map_or_else(default_parallelism, |p| p as usize),
             profiles: file.profiles,
             percentage_of_nodes_to_score: global,
             initial_backoff: Duration::from_secs(initial as u64),
@@ -215,9 +218,19 @@ impl Config {
 
     /// Instantiates every profile's plugins (validating their args) and expands the plugin sets.
     pub fn build(&self, handle: &Handle) -> Result<Vec<Profile>, String> {
+        let pool = match self.parallelism {
+            1 => None,
+            n => Some(Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("scheduler-{i}"))
+                    .build()
+                    .map_err(|e| format!("starting {n} scheduler threads: {e}"))?,
+            )),
+        };
         let mut profiles = Vec::new();
         for (i, p) in self.profiles.iter().enumerate() {
-            let profile = build_profile(p, self.percentage_of_nodes_to_score, handle)
+            let profile = build_profile(p, self.percentage_of_nodes_to_score, pool.as_ref(), handle)
                 .map_err(|e| format!("profiles[{i}] ({:?}): {e}", p.scheduler_name.as_deref().unwrap_or_default()))?;
             profiles.push(profile);
         }
@@ -228,6 +241,16 @@ impl Config {
             return Err("profiles: Invalid value: queueSort must be the same for all profiles".into());
         }
         Ok(profiles)
+    }
+}
+
+/// Without `parallelism` in the file: one thread per CPU up to upstream's 16, but none on machines
+/// with two CPUs or fewer, where the API server needs the other CPU and handing nodes to a second
+/// thread costs more than it saves.
+fn default_parallelism() -> usize {
+    match std::thread::available_parallelism().map_or(1, |n| n.get()) {
+        n if n <= 2 => 1,
+        n => n.min(16),
     }
 }
 
@@ -252,7 +275,12 @@ fn merge_plugin_set(defaults: &[PluginRef], custom: &PluginSet) -> (Vec<PluginRe
     (enabled, disabled)
 }
 
-fn build_profile(p: &ProfileConfig, global_percentage: u32, handle: &Handle) -> Result<Profile, String> {
+fn build_profile(
+    p: &ProfileConfig,
+    global_percentage: u32,
+    pool: Option<&Arc<rayon::ThreadPool>>,
+    handle: &Handle,
+) -> Result<Profile, String> {
     let name = p.scheduler_name.clone().unwrap_or_default();
     let args: HashMap<&str, &Value> =
         p.plugin_config.iter().filter_map(|c| c.args.as_ref().map(|a| (c.name.as_str(), a))).collect();
@@ -339,5 +367,5 @@ fn build_profile(p: &ProfileConfig, global_percentage: u32, handle: &Handle) -> 
     }
     let percentage =
         percentage("percentageOfNodesToScore", p.percentage_of_nodes_to_score)?.unwrap_or(global_percentage);
-    Ok(Profile { name, points, percentage_of_nodes_to_score: percentage })
+    Ok(Profile { name, points, percentage_of_nodes_to_score: percentage, pool: pool.cloned() })
 }

@@ -14,7 +14,7 @@ use super::types::{NodeInfo, PodInfo};
 
 /// Highest score a Score plugin may give after normalization.
 pub const MAX_NODE_SCORE: i64 = 100;
-/// From this many nodes on, per-node plugin calls run in parallel.
+/// From this many nodes on, per-node plugin calls run in parallel (when the profile has a pool).
 pub const PARALLEL_FROM: usize = 256;
 /// Longest a Permit plugin may make a pod wait.
 pub const MAX_PERMIT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
@@ -278,6 +278,8 @@ pub struct Profile {
     pub points: HashMap<Point, Vec<Enabled>>,
     /// `percentageOfNodesToScore`; 0 means adaptive.
     pub percentage_of_nodes_to_score: u32,
+    /// Threads that filter and score nodes in parallel; `None` runs them on the scheduling thread.
+    pub pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Profile {
@@ -403,8 +405,8 @@ impl Profile {
             }
             Ok(())
         };
-        if nodes.len() >= PARALLEL_FROM {
-            nodes.par_iter().zip(raw.par_chunks_mut(k)).try_for_each(score_node)?;
+        if let Some(pool) = self.pool.as_ref().filter(|_| nodes.len() >= PARALLEL_FROM) {
+            pool.install(|| nodes.par_iter().zip(raw.par_chunks_mut(k)).try_for_each(score_node))?;
         } else {
             nodes.iter().zip(raw.chunks_mut(k)).try_for_each(score_node)?;
         }

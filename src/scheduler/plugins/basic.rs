@@ -273,7 +273,7 @@ mod tests {
         assert_eq!(TaintToleration.score(&state, &other, &n), Ok(1));
         let soft = pod(json!({"containers": [], "tolerations": [{"key": "soft", "operator": "Exists"}]}));
         assert_eq!(TaintToleration.score(&state, &soft, &n), Ok(0));
-        let mut scores = vec![NodeScore { name: "a".into(), score: 0 }, NodeScore { name: "b".into(), score: 2 }];
+        let mut scores = vec![NodeScore { name: "a", score: 0 }, NodeScore { name: "b", score: 2 }];
         TaintToleration.normalize_score(&state, &soft, &mut scores);
         assert_eq!(scores.iter().map(|s| s.score).collect::<Vec<_>>(), [100, 0]);
     }
