@@ -129,6 +129,12 @@ fn selectors_affinity_and_taints_place_pods_like_upstream() {
     let cond =
         s.ok(&["get", "pod", "stuck", "-o", "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].status}"]);
     assert_eq!(cond, "True");
+
+    // A node gaining the required label takes the waiting pod.
+    s.ok_stdin(&["apply", "-f", "-"], &pod("ssd", "100m", "64Mi", "  nodeSelector: {storage: ssd}"));
+    wait_unscheduled(&s, "ssd", "Unschedulable");
+    s.ok(&["label", "node", "n3", "storage=ssd"]);
+    assert_eq!(wait_bound(&s, "ssd"), "n3");
 }
 
 #[test]
