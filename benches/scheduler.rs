@@ -6,10 +6,13 @@
 //! `gpu` scenarios also one GPU) are created by 64 concurrent clients while a watch notes when each
 //! pod is bound (the binding is a durable write). Reported: pods/s from the first create to the last
 //! binding, the creation rate alone for comparison, p50/p99 of create→bound latency, and the
-//! server's memory per node (RSS growth from adding the nodes). Nothing is asserted; figures go to
-//! stdout and `target/bench-scheduler.json`.
+//! server's memory per node (RSS growth from adding the nodes). A `held` scenario times scheduling
+//! alone: its nodes start cordoned, every pod is created and found unschedulable, then all nodes are
+//! uncordoned and the clock (and latency) runs from there. Nothing is asserted; figures go to stdout
+//! and `target/bench-scheduler.json`.
 //!
-//! Environment: `CAIRN_BENCH_SCENARIOS` [`100x5000,1000x10000,5000x10000,1000x10000gpu`];
+//! Environment: `CAIRN_BENCH_SCENARIOS`
+//! [`100x5000,1000x10000,5000x10000,1000x10000gpu,1000x10000held,5000x10000held`];
 //! `CAIRN_BENCH_CLIENTS` [64]; `CAIRN_BENCH_TIMEOUT_SECS` [180] per scenario.
 
 use std::collections::HashMap;
@@ -28,17 +31,25 @@ struct Scenario {
     nodes: usize,
     pods: usize,
     gpu: bool,
+    /// Nodes start cordoned: every pod is created and found unschedulable first, then all nodes are
+    /// uncordoned and the clock runs from there, so only scheduling and binding are timed.
+    held: bool,
 }
 
 impl Scenario {
     fn parse(s: &str) -> Result<Self> {
+        let held = s.ends_with("held");
+        let s = s.trim_end_matches("held");
         let gpu = s.ends_with("gpu");
-        let (n, p) = s.trim_end_matches("gpu").split_once('x').context("scenario must look like 1000x10000[gpu]")?;
-        Ok(Scenario { nodes: n.parse()?, pods: p.parse()?, gpu })
+        let (n, p) =
+            s.trim_end_matches("gpu").split_once('x').context("scenario must look like 1000x10000[gpu][held]")?;
+        Ok(Scenario { nodes: n.parse()?, pods: p.parse()?, gpu, held })
     }
 
     fn label(&self) -> String {
-        format!("{} nodes / {} pods{}", self.nodes, self.pods, if self.gpu { " (GPU)" } else { "" })
+        let gpu = if self.gpu { " (GPU)" } else { "" };
+        let held = if self.held { ", scheduling only" } else { "" };
+        format!("{} nodes / {} pods{gpu}{held}", self.nodes, self.pods)
     }
 }
 
@@ -115,10 +126,11 @@ impl Cairn {
     }
 }
 
-fn node(i: usize) -> Node {
+fn node(i: usize, cordoned: bool) -> Node {
     let resources = json!({"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "16"});
     serde_json::from_value(json!({
         "metadata": {"name": format!("node-{i}"), "labels": {"kubernetes.io/hostname": format!("node-{i}"), "zone": format!("z{}", i % 3)}},
+        "spec": {"unschedulable": cordoned},
         "status": {"capacity": resources, "allocatable": resources, "conditions": [{"type": "Ready", "status": "True"}]}
     }))
     .unwrap_or_default()
@@ -157,7 +169,7 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
     futures::stream::iter(0..sc.nodes)
         .map(|i| {
             let nodes = nodes.clone();
-            async move { nodes.create(&PostParams::default(), &node(i)).await }
+            async move { nodes.create(&PostParams::default(), &node(i, sc.held)).await }
         })
         .buffer_unordered(32)
         .try_collect::<Vec<_>>()
@@ -165,25 +177,38 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
     tokio::time::sleep(Duration::from_secs(1)).await;
     let kib_per_node = (cairn.rss_kib()?.saturating_sub(rss_before)) as f64 / sc.nodes as f64;
 
-    // Note the bind time of every pod, from a watch opened before the first create.
-    let rv = pods.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
+    // Note the bind time of every pod, from a watch of bound pods opened before the first create.
+    // Should the watch fall behind (410), a list catches up and the watch resumes from it.
+    let bound_only = ListParams::default().fields("spec.nodeName!=");
+    let rv = pods.list(&bound_only).await?.metadata.resource_version.unwrap_or_default();
     let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let watcher = {
         let bound = bound.clone();
         let pods = pods.clone();
         tokio::spawn(async move {
+            let note = |p: &Pod| {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                bound.lock().unwrap_or_else(|e| e.into_inner()).entry(name).or_insert_with(Instant::now);
+            };
             let mut rv = rv;
             loop {
-                let Ok(stream) = pods.watch(&WatchParams::default().timeout(290), &rv).await else { return };
-                let mut stream = stream.boxed();
-                while let Some(Ok(ev)) = stream.next().await {
-                    let (WatchEvent::Added(p) | WatchEvent::Modified(p)) = ev else { continue };
-                    rv = p.metadata.resource_version.clone().unwrap_or_default();
-                    if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-                        let name = p.metadata.name.clone().unwrap_or_default();
-                        bound.lock().unwrap_or_else(|e| e.into_inner()).entry(name).or_insert_with(Instant::now);
+                let params = WatchParams::default().fields("spec.nodeName!=").timeout(290);
+                if let Ok(stream) = pods.watch(&params, &rv).await {
+                    let mut stream = stream.boxed();
+                    while let Some(Ok(ev)) = stream.next().await {
+                        match ev {
+                            WatchEvent::Added(p) | WatchEvent::Modified(p) => {
+                                rv = p.metadata.resource_version.clone().unwrap_or_default();
+                                note(&p);
+                            }
+                            WatchEvent::Error(_) => break,
+                            _ => {}
+                        }
                     }
                 }
+                let Ok(list) = pods.list(&ListParams::default().fields("spec.nodeName!=")).await else { return };
+                list.items.iter().for_each(note);
+                rv = list.metadata.resource_version.unwrap_or_default();
             }
         })
     };
@@ -204,6 +229,7 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
         .try_collect::<Vec<_>>()
         .await?;
     let create = start.elapsed();
+    let start = if sc.held { release(&pods, &nodes, sc, timeout).await? } else { start };
     let deadline = start + timeout;
     loop {
         let n = bound.lock().unwrap_or_else(|e| e.into_inner()).len();
@@ -215,8 +241,10 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
     watcher.abort();
     let bound = bound.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut latencies: Vec<Duration> =
-        bound.iter().filter_map(|(name, t)| sent.get(name).map(|s| t.saturating_duration_since(*s))).collect();
+    let mut latencies: Vec<Duration> = bound
+        .iter()
+        .filter_map(|(name, t)| sent.get(name).map(|s| t.saturating_duration_since((*s).max(start))))
+        .collect();
     latencies.sort_unstable();
     let last = bound.values().max().copied().unwrap_or(start);
     let pct =
@@ -233,6 +261,45 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
     })
 }
 
+/// Waits until every pod was found unschedulable, then uncordons all nodes; returns when that began.
+async fn release(pods: &Api<Pod>, nodes: &Api<Node>, sc: &Scenario, timeout: Duration) -> Result<Instant> {
+    eprintln!("  waiting for {} pods to be found unschedulable", sc.pods);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let list = pods.list(&ListParams::default()).await?;
+        let rejected = list
+            .items
+            .iter()
+            .filter(|p| {
+                let conds = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+                conds
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+            })
+            .count();
+        if rejected >= sc.pods {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("only {rejected} of {} pods were found unschedulable", sc.pods);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eprintln!("  uncordoning {} nodes", sc.nodes);
+    let start = Instant::now();
+    let patch = kube::api::Patch::Merge(json!({"spec": {"unschedulable": false}}));
+    futures::stream::iter(0..sc.nodes)
+        .map(|i| {
+            let (nodes, patch) = (nodes.clone(), &patch);
+            async move { nodes.patch(&format!("node-{i}"), &Default::default(), patch).await }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(start)
+}
+
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -241,7 +308,7 @@ fn target_dir() -> PathBuf {
 
 fn main() -> Result<()> {
     let scenarios: Vec<Scenario> = std::env::var("CAIRN_BENCH_SCENARIOS")
-        .unwrap_or_else(|_| "100x5000,1000x10000,5000x10000,1000x10000gpu".into())
+        .unwrap_or_else(|_| "100x5000,1000x10000,5000x10000,1000x10000gpu,1000x10000held,5000x10000held".into())
         .split(',')
         .map(Scenario::parse)
         .collect::<Result<_>>()?;

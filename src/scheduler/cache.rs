@@ -129,13 +129,16 @@ impl Cache {
         Some((cached.pod, info))
     }
 
-    /// Accounts `pod` on `node` before it is bound (upstream's AssumePod).
-    pub fn assume(&mut self, pod: &PodInfo, node: &str) -> Arc<PodInfo> {
+    /// Accounts `pod` on `node` before it is bound (upstream's AssumePod). `None` when the cache
+    /// already has the pod: it was bound meanwhile (by someone else) or is assumed already.
+    pub fn assume(&mut self, pod: &PodInfo, node: &str) -> Option<Arc<PodInfo>> {
+        if self.pods.contains_key(&pod.uid) {
+            return None;
+        }
         let placed = Arc::new(pod.on_node(node));
-        self.remove_pod(&pod.uid);
         self.pods.insert(pod.uid.clone(), CachedPod { pod: placed.clone(), assumed: true });
         self.add_to_node(node, placed.clone());
-        placed
+        Some(placed)
     }
 
     /// Drops an assumption after a failed reserve, permit or bind (upstream's ForgetPod). A pod
@@ -231,7 +234,8 @@ mod tests {
         let mut snap = Snapshot::default();
         c.upsert_node(facts("n", 1000));
         let p = pod("p1", "", 400);
-        c.assume(&p, "n");
+        assert!(c.assume(&p, "n").is_some());
+        assert!(c.assume(&p, "n").is_none(), "assumed once");
         assert!(c.is_assumed("p1"));
         c.update_snapshot(&mut snap);
         assert_eq!(snap.get("n").unwrap().requested.milli_cpu, 400);
@@ -243,6 +247,8 @@ mod tests {
         c.update_snapshot(&mut snap);
         assert_eq!(snap.get("n").unwrap().requested.milli_cpu, 400);
 
+        // A pod the watch shows bound cannot be assumed elsewhere.
+        assert!(c.assume(&pod("p1", "", 400), "other").is_none());
         // A failed binding releases what was assumed.
         c.assume(&pod("p2", "", 500), "n");
         c.forget("p2");

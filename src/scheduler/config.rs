@@ -102,7 +102,8 @@ struct PluginSet {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct PluginRef {
     name: String,
-    weight: Option<i64>,
+    /// int32 upstream: bounded so that weighted totals cannot overflow.
+    weight: Option<i32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -301,7 +302,7 @@ fn build_profile(
     };
 
     let defaults: Vec<PluginRef> =
-        DEFAULT_PLUGINS.iter().map(|(n, w)| PluginRef { name: n.to_string(), weight: Some(*w) }).collect();
+        DEFAULT_PLUGINS.iter().map(|(n, w)| PluginRef { name: n.to_string(), weight: Some(*w as i32) }).collect();
     let (multi, _) = merge_plugin_set(&defaults, &p.plugins.multi_point.clone().unwrap_or_default());
     let mut points: HashMap<Point, Vec<Enabled>> = HashMap::new();
     for point in Point::ALL {
@@ -351,7 +352,7 @@ fn build_profile(
         }
         let enabled: Vec<Enabled> = list
             .into_iter()
-            .map(|(r, plugin)| Enabled { plugin, weight: r.weight.filter(|w| *w > 0).unwrap_or(1) })
+            .map(|(r, plugin)| Enabled { plugin, weight: r.weight.filter(|w| *w > 0).map_or(1, i64::from) })
             .collect();
         if !enabled.is_empty() {
             points.insert(point, enabled);

@@ -456,20 +456,22 @@ impl Profile {
     /// Permit: Success, or Wait with the shortest plugin timeout (each capped at 15 minutes), or
     /// the first rejection.
     pub fn run_permit(&self, state: &mut CycleState, pod: &PodInfo, node: &str) -> (Status, Duration) {
-        let mut wait: Option<Duration> = None;
+        let mut wait: Option<(Duration, &'static str)> = None;
         for p in self.plugins(Point::Permit) {
             let (s, timeout) = p.permit(state, pod, node);
             match s.code {
                 Code::Success => {}
                 Code::Wait => {
                     let t = timeout.min(MAX_PERMIT_TIMEOUT);
-                    wait = Some(wait.map_or(t, |w| w.min(t)));
+                    if wait.is_none_or(|(w, _)| t < w) {
+                        wait = Some((t, p.name()));
+                    }
                 }
                 _ => return (s.with_plugin(p.name()), Duration::ZERO),
             }
         }
         match wait {
-            Some(t) => (Status::new(Code::Wait, "waiting on permit").with_plugin(""), t),
+            Some((t, plugin)) => (Status::new(Code::Wait, "waiting on permit").with_plugin(plugin), t),
             None => (Status::success(), Duration::ZERO),
         }
     }

@@ -131,7 +131,7 @@ impl Scheduler {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut known = HashMap::new();
         // Start scheduling only once the nodes and pods that exist are loaded.
-        let sub = self.load(&mut known);
+        let (sub, pods_listed_at) = self.load(&mut known);
         tracing::info!(
             "scheduler started with profile(s) {:?}: {} node(s) known",
             self.profiles.keys().collect::<Vec<_>>(),
@@ -141,7 +141,7 @@ impl Scheduler {
             let queue = self.queue.clone();
             tokio::spawn(async move { queue.run_flushes().await })
         };
-        let intake = tokio::spawn(self.clone().intake(sub, known));
+        let intake = tokio::spawn(self.clone().intake(sub, pods_listed_at, known));
         let scheduling = tokio::spawn(self.clone().scheduling_loop());
         shutdown.cancelled().await;
         self.queue.close();
@@ -152,7 +152,8 @@ impl Scheduler {
 
     /// Lists nodes and pods into the cache and queue (again, after a watch fell behind, reconciling
     /// with what was known) and returns the watch that continues from there.
-    fn load(&self, known: &mut HashMap<String, Arc<str>>) -> Subscription {
+    /// Pod events up to the returned revision are already in the listing and must be skipped.
+    fn load(&self, known: &mut HashMap<String, Arc<str>>) -> (Subscription, u64) {
         let store = self.registry.store();
         let (nodes, sub) = store.list_and_watch(NODES);
         let listed: std::collections::HashSet<String> =
@@ -179,17 +180,22 @@ impl Scheduler {
             }
             keep
         });
-        sub
+        (sub, pods.revision)
     }
 
     /// Follows the watch; when it falls too far behind, reloads.
-    async fn intake(self: Arc<Self>, mut sub: Subscription, mut known: HashMap<String, Arc<str>>) {
+    async fn intake(
+        self: Arc<Self>,
+        mut sub: Subscription,
+        mut pods_listed_at: u64,
+        mut known: HashMap<String, Arc<str>>,
+    ) {
         loop {
             let event = match sub.next().await {
                 Ok(e) => e,
                 Err(store::Error::TooOld { .. }) => {
                     tracing::info!("scheduler fell behind the watch; reloading nodes and pods");
-                    sub = self.load(&mut known);
+                    (sub, pods_listed_at) = self.load(&mut known);
                     continue;
                 }
                 Err(e) => {
@@ -210,7 +216,7 @@ impl Scheduler {
                         }
                     }
                 }
-            } else if event.key.starts_with(PODS) {
+            } else if event.key.starts_with(PODS) && event.rv > pods_listed_at {
                 let Some(pod) = parse::<Pod>(&event.object) else { continue };
                 let info = Arc::new(PodInfo::from_pod(&pod));
                 if event.kind == StoreEvent::Deleted {
@@ -290,18 +296,21 @@ impl Scheduler {
             Err(failure) => return self.failed(qp, &failure),
         };
         let assumed = lock(&self.cache).assume(&pod, &node);
+        let Some(assumed) = assumed else {
+            // Bound by someone else during this cycle; the queue has already let it go.
+            self.queue.done(&pod.uid);
+            return;
+        };
         let s = profile.run_reserve(&mut state, &assumed, &node);
         if !s.is_success() {
-            self.forget(&pod.uid);
-            return self.failed(qp, &Self::as_failure(&s));
+            return self.roll_back(qp, &Self::rejected_at(&node, &s));
         }
         let (s, wait) = profile.run_permit(&mut state, &assumed, &node);
         if !(s.is_success() || s.code == framework::Code::Wait) {
             profile.run_unreserve(&mut state, &assumed, &node);
-            self.forget(&pod.uid);
-            return self.failed(qp, &Self::as_failure(&s));
+            return self.roll_back(qp, &Self::rejected_at(&node, &s));
         }
-        let wait = (s.code == framework::Code::Wait).then_some(wait);
+        let wait = (s.code == framework::Code::Wait).then_some((wait, s.plugin));
         tokio::spawn(self.clone().binding_cycle(qp, profile, state, assumed, node, wait));
     }
 
@@ -313,13 +322,14 @@ impl Scheduler {
         mut state: CycleState,
         pod: Arc<PodInfo>,
         node: String,
-        wait: Option<std::time::Duration>,
+        wait: Option<(std::time::Duration, &'static str)>,
     ) {
         let status = match wait {
             // No plugin here can allow a waiting pod early, so a wait always runs out.
-            Some(t) => {
+            Some((t, plugin)) => {
                 tokio::time::sleep(t).await;
-                Status::unschedulable(format!("rejected due to timeout after waiting {t:?} at plugin(s)"))
+                Status::unschedulable(format!("rejected due to timeout after waiting {t:?} at plugin {plugin}"))
+                    .with_plugin(plugin)
             }
             None => profile.run_bind(&pod, &node).await,
         };
@@ -333,28 +343,31 @@ impl Scheduler {
             return;
         }
         profile.run_unreserve(&mut state, &pod, &node);
-        self.forget(&pod.uid);
-        let failure = match Self::as_failure(&status) {
-            Failure::Error(e) => Failure::Error(format!("binding rejected: {e}")),
+        let failure = match Self::rejected_at(&node, &status) {
+            Failure::Error(e) => Failure::Error(format!("running Bind plugin {:?}: {e}", status.plugin)),
             other => other,
         };
-        self.failed(qp, &failure);
+        self.roll_back(qp, &failure);
     }
 
-    fn as_failure(s: &Status) -> Failure {
+    /// A rejection of the chosen node after filtering (Reserve, Permit), as upstream reports it:
+    /// one node, rejected for the plugin's reasons.
+    fn rejected_at(node: &str, s: &Status) -> Failure {
         if s.is_rejected() {
             let mut diagnosis = algorithm::Diagnosis::default();
             diagnosis.unschedulable_plugins.insert(s.plugin);
-            diagnosis.pre_filter_msg = Some(s.message());
-            Failure::Unschedulable(Box::new(algorithm::FitError { num_all_nodes: 0, diagnosis }))
+            diagnosis.node_statuses.push((node.to_string(), s.clone()));
+            Failure::Unschedulable(Box::new(algorithm::FitError { num_all_nodes: 1, diagnosis }))
         } else {
             Failure::Error(s.message())
         }
     }
 
-    /// Drops an assumption and lets pods waiting for room know it is free again.
-    fn forget(&self, uid: &str) {
-        let removed = lock(&self.cache).forget(uid);
+    /// Drops the pod's assumption, handles the failure, and only then tells waiting pods that the
+    /// room is free again (so that the event does not count as news for the failed pod itself).
+    fn roll_back(self: &Arc<Self>, qp: QueuedPod, failure: &Failure) {
+        let removed = lock(&self.cache).forget(&qp.pod.uid);
+        self.failed(qp, failure);
         if let Some((pod, node)) = removed {
             self.queue.on_event(&ClusterEvent::AssignedPodRemoved { pod, node });
         }
