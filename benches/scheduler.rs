@@ -197,10 +197,7 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
                     let mut stream = stream.boxed();
                     while let Some(Ok(ev)) = stream.next().await {
                         match ev {
-                            WatchEvent::Added(p) | WatchEvent::Modified(p) => {
-                                rv = p.metadata.resource_version.clone().unwrap_or_default();
-                                note(&p);
-                            }
+                            WatchEvent::Added(p) | WatchEvent::Modified(p) => note(&p),
                             WatchEvent::Error(_) => break,
                             _ => {}
                         }
