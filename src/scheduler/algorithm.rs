@@ -1,6 +1,7 @@
 //! One scheduling attempt for one pod (upstream's `schedulePod`): PreFilter, Filter over as many
 //! nodes as needed (in parallel), then PreScore, Score and a random pick among the best.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
@@ -20,14 +21,27 @@ const MIN_BATCH: usize = 32;
 /// Why the nodes were rejected.
 #[derive(Debug, Default)]
 pub struct Diagnosis {
-    /// The rejecting status of every node that was checked and failed.
-    pub node_statuses: Vec<(String, Status)>,
+    /// How many checked nodes gave each rejection reason.
+    pub reasons: BTreeMap<Cow<'static, str>, usize>,
+    /// Number of nodes checked and rejected.
+    pub rejected: usize,
     /// Status shared by nodes not checked at all (left out by a PreFilter node set).
     pub absent: Option<Status>,
     /// The message of a PreFilter rejection, which applies to every node.
     pub pre_filter_msg: Option<String>,
     /// Plugins that rejected the pod somewhere: they decide which cluster events requeue it.
     pub unschedulable_plugins: BTreeSet<&'static str>,
+}
+
+impl Diagnosis {
+    /// Counts a node's rejection.
+    pub fn record(&mut self, s: Status) {
+        self.unschedulable_plugins.insert(s.plugin);
+        self.rejected += 1;
+        for r in s.reasons {
+            *self.reasons.entry(r).or_default() += 1;
+        }
+    }
 }
 
 /// No node fits the pod (upstream's `FitError`).
@@ -44,13 +58,8 @@ impl fmt::Display for FitError {
         if let Some(msg) = &self.diagnosis.pre_filter_msg {
             return write!(f, " {msg}.");
         }
-        let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
-        for (_, s) in &self.diagnosis.node_statuses {
-            for r in &s.reasons {
-                *reasons.entry(r).or_default() += 1;
-            }
-        }
-        let checked = self.diagnosis.node_statuses.len();
+        let mut reasons: BTreeMap<&str, usize> = self.diagnosis.reasons.iter().map(|(r, n)| (r.as_ref(), *n)).collect();
+        let checked = self.diagnosis.rejected;
         if let Some(absent) = self.diagnosis.absent.as_ref().filter(|_| checked < self.num_all_nodes) {
             for r in &absent.reasons {
                 *reasons.entry(r).or_default() += self.num_all_nodes - checked;
@@ -185,13 +194,12 @@ fn find_feasible(
                 Code::Success => {}
                 Code::Error => return Err(Failure::Error(s.message())),
                 _ => {
-                    diagnosis.unschedulable_plugins.insert(s.plugin);
-                    diagnosis.node_statuses.push((node.name().to_string(), s));
+                    diagnosis.record(s);
                 }
             }
         }
     }
-    *next_start = (start + feasible.len() + diagnosis.node_statuses.len()) % n;
+    *next_start = (start + feasible.len() + diagnosis.rejected) % n;
     Ok(feasible)
 }
 

@@ -2,6 +2,7 @@
 //! extension point, and a profile (an ordered, weighted set of plugins) that runs them.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
@@ -39,12 +40,13 @@ pub enum Code {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
     pub code: Code,
-    pub reasons: Vec<String>,
+    /// Mostly fixed texts, borrowed: statuses are made for every rejected node of every attempt.
+    pub reasons: Vec<Cow<'static, str>>,
     pub plugin: &'static str,
 }
 
 impl Status {
-    pub fn new(code: Code, reason: impl Into<String>) -> Self {
+    pub fn new(code: Code, reason: impl Into<Cow<'static, str>>) -> Self {
         Status { code, reasons: vec![reason.into()], plugin: "" }
     }
 
@@ -56,15 +58,15 @@ impl Status {
         Status { code: Code::Skip, reasons: Vec::new(), plugin: "" }
     }
 
-    pub fn unschedulable(reason: impl Into<String>) -> Self {
+    pub fn unschedulable(reason: impl Into<Cow<'static, str>>) -> Self {
         Self::new(Code::Unschedulable, reason)
     }
 
-    pub fn unresolvable(reason: impl Into<String>) -> Self {
+    pub fn unresolvable(reason: impl Into<Cow<'static, str>>) -> Self {
         Self::new(Code::UnschedulableAndUnresolvable, reason)
     }
 
-    pub fn error(message: impl Into<String>) -> Self {
+    pub fn error(message: impl Into<Cow<'static, str>>) -> Self {
         Self::new(Code::Error, message)
     }
 

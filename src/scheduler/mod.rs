@@ -303,12 +303,12 @@ impl Scheduler {
         };
         let s = profile.run_reserve(&mut state, &assumed, &node);
         if !s.is_success() {
-            return self.roll_back(qp, &Self::rejected_at(&node, &s));
+            return self.roll_back(qp, &Self::rejected_at(&s));
         }
         let (s, wait) = profile.run_permit(&mut state, &assumed, &node);
         if !(s.is_success() || s.code == framework::Code::Wait) {
             profile.run_unreserve(&mut state, &assumed, &node);
-            return self.roll_back(qp, &Self::rejected_at(&node, &s));
+            return self.roll_back(qp, &Self::rejected_at(&s));
         }
         let wait = (s.code == framework::Code::Wait).then_some((wait, s.plugin));
         tokio::spawn(self.clone().binding_cycle(qp, profile, state, assumed, node, wait));
@@ -343,7 +343,7 @@ impl Scheduler {
             return;
         }
         profile.run_unreserve(&mut state, &pod, &node);
-        let failure = match Self::rejected_at(&node, &status) {
+        let failure = match Self::rejected_at(&status) {
             Failure::Error(e) => Failure::Error(format!("running Bind plugin {:?}: {e}", status.plugin)),
             other => other,
         };
@@ -352,11 +352,10 @@ impl Scheduler {
 
     /// A rejection of the chosen node after filtering (Reserve, Permit), as upstream reports it:
     /// one node, rejected for the plugin's reasons.
-    fn rejected_at(node: &str, s: &Status) -> Failure {
+    fn rejected_at(s: &Status) -> Failure {
         if s.is_rejected() {
             let mut diagnosis = algorithm::Diagnosis::default();
-            diagnosis.unschedulable_plugins.insert(s.plugin);
-            diagnosis.node_statuses.push((node.to_string(), s.clone()));
+            diagnosis.record(s.clone());
             Failure::Unschedulable(Box::new(algorithm::FitError { num_all_nodes: 1, diagnosis }))
         } else {
             Failure::Error(s.message())

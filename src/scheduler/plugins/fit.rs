@@ -347,7 +347,7 @@ impl Plugin for Fit {
         let mut reasons = Vec::new();
         let mut unresolvable = false;
         if node.pods.len() as i64 + 1 > alloc.pods {
-            reasons.push("Too many pods".to_string());
+            reasons.push("Too many pods".into());
         }
         let req = &pod.requests;
         if !req.is_zero() {
@@ -363,7 +363,7 @@ impl Plugin for Fit {
                 .map(|(name, &q)| (name.as_str(), q, alloc.get(name), node.requested.get(name)));
             for (name, quantity, allocatable, used) in core.into_iter().chain(scalar) {
                 if quantity > 0 && quantity > allocatable - used {
-                    reasons.push(format!("Insufficient {name}"));
+                    reasons.push(format!("Insufficient {name}").into());
                     unresolvable |= quantity > allocatable;
                 }
             }
@@ -513,7 +513,7 @@ mod tests {
         let f = Fit::new(FitArgs::default()).unwrap();
         let n = node("n", json!({"cpu": "4", "memory": "8Gi", "pods": "1"}), &[pod("e", json!({}))]);
         let s = f.filter(&CycleState::default(), &pod("p", json!({})), &n);
-        assert_eq!((s.code, s.reasons), (Code::Unschedulable, vec!["Too many pods".to_string()]));
+        assert_eq!((s.code, s.reasons), (Code::Unschedulable, vec![std::borrow::Cow::from("Too many pods")]));
     }
 
     #[test]
