@@ -74,9 +74,10 @@ impl Cache {
         Some((info, added))
     }
 
-    /// Removes a node; its pods stay accounted until they go.
-    pub fn remove_node(&mut self, name: &str) {
-        let Some(e) = self.nodes.get_mut(name) else { return };
+    /// Removes a node; its pods stay accounted until they go. Returns its last state.
+    pub fn remove_node(&mut self, name: &str) -> Option<Arc<NodeInfo>> {
+        let e = self.nodes.get_mut(name)?;
+        let last = e.info.clone();
         if e.info.pods.is_empty() {
             self.nodes.remove(name);
         } else {
@@ -84,6 +85,7 @@ impl Cache {
         }
         self.dirty.insert(name.to_string());
         self.membership_changed = true;
+        Some(last)
     }
 
     /// Accounts a bound pod as seen through the watch, confirming it if it was assumed. Returns the

@@ -182,6 +182,8 @@ pub enum ClusterEvent {
     NodeAdded(Arc<NodeInfo>),
     /// A node's labels, taints, allocatable, images or schedulability changed; its new state.
     NodeChanged(Arc<NodeInfo>),
+    /// A node was deleted (topology domains may have shrunk).
+    NodeRemoved(Arc<NodeInfo>),
     /// A pod bound to a node was added or changed (labels, placement).
     AssignedPodAdded { pod: Arc<PodInfo> },
     /// A pod bound to a node left it (deleted, finished or forgotten); the node as it is now.

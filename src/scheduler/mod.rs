@@ -206,8 +206,10 @@ impl Scheduler {
             if event.key.starts_with(NODES) {
                 match event.kind {
                     StoreEvent::Deleted => {
-                        if let Some(name) = event.key.strip_prefix(NODES) {
-                            lock(&self.cache).remove_node(name);
+                        let name = event.key.strip_prefix(NODES).unwrap_or_default();
+                        let removed = lock(&self.cache).remove_node(name);
+                        if let Some(node) = removed {
+                            self.queue.on_event(&ClusterEvent::NodeRemoved(node));
                         }
                     }
                     _ => {

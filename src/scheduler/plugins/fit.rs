@@ -397,7 +397,7 @@ impl Plugin for Fit {
             | ClusterEvent::AssignedPodRemoved { node: n, .. } => {
                 self.filter(&CycleState::default(), pod, n).is_success()
             }
-            ClusterEvent::AssignedPodAdded { .. } => false,
+            ClusterEvent::AssignedPodAdded { .. } | ClusterEvent::NodeRemoved(_) => false,
         }
     }
 }

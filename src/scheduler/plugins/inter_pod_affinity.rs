@@ -403,6 +403,8 @@ impl Plugin for InterPodAffinity {
                 affinity_terms.iter().all(|t| node.node.labels.contains_key(t.topology_key))
             }
             ClusterEvent::NodeChanged(_) => true,
+            // Fewer nodes never satisfy more affinity.
+            ClusterEvent::NodeRemoved(_) => false,
             // An added pod may satisfy the affinity terms; a changed one may have dropped the
             // labels the anti-affinity terms select.
             ClusterEvent::AssignedPodAdded { pod: p, .. } => !anti_terms.is_empty() || selects_all(p),

@@ -383,7 +383,8 @@ impl Plugin for PodTopologySpread {
     fn requeue(&self, pod: &PodInfo, event: &ClusterEvent) -> bool {
         let constraints = constraints(pod, DO_NOT_SCHEDULE);
         match event {
-            ClusterEvent::NodeAdded(node) => has_all_keys(&node.node, &constraints),
+            // Only nodes in the constraints' domains count toward skew.
+            ClusterEvent::NodeAdded(node) | ClusterEvent::NodeRemoved(node) => has_all_keys(&node.node, &constraints),
             ClusterEvent::NodeChanged(_) => true,
             ClusterEvent::AssignedPodAdded { pod: p, .. } => p.namespace == pod.namespace,
             ClusterEvent::AssignedPodRemoved { pod: p, .. } => {
@@ -678,5 +679,7 @@ mod tests {
         assert!(pl.requeue(&pod, &ClusterEvent::NodeAdded(nodes[0].clone())));
         assert!(!pl.requeue(&pod, &ClusterEvent::NodeAdded(nodes[4].clone())));
         assert!(pl.requeue(&pod, &ClusterEvent::NodeChanged(nodes[4].clone())));
+        assert!(pl.requeue(&pod, &ClusterEvent::NodeRemoved(nodes[0].clone())));
+        assert!(!pl.requeue(&pod, &ClusterEvent::NodeRemoved(nodes[4].clone())));
     }
 }
