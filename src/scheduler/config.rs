@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde_json::Value;
 
 use super::framework::{Enabled, Plugin, Point, Profile};
@@ -28,17 +29,17 @@ struct FileConfig {
     parallelism: Option<i64>,
     #[serde(default)]
     extenders: Vec<Value>,
-    // Accepted for compatibility with existing files; they concern a separate kube-scheduler process.
-    #[allow(dead_code)]
-    leader_election: Option<Value>,
-    #[allow(dead_code)]
-    client_connection: Option<Value>,
-    #[allow(dead_code)]
-    enable_profiling: Option<bool>,
-    #[allow(dead_code)]
-    enable_contention_profiling: Option<bool>,
-    #[allow(dead_code)]
-    delay_cache_until_active: Option<bool>,
+    // Accepted and ignored, so that existing files load: they concern a separate kube-scheduler process.
+    #[serde(rename = "leaderElection")]
+    _leader_election: Option<IgnoredAny>,
+    #[serde(rename = "clientConnection")]
+    _client_connection: Option<IgnoredAny>,
+    #[serde(rename = "enableProfiling")]
+    _enable_profiling: Option<IgnoredAny>,
+    #[serde(rename = "enableContentionProfiling")]
+    _enable_contention_profiling: Option<IgnoredAny>,
+    #[serde(rename = "delayCacheUntilActive")]
+    _delay_cache_until_active: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -369,4 +370,19 @@ fn build_profile(
     let percentage =
         percentage("percentageOfNodesToScore", p.percentage_of_nodes_to_score)?.unwrap_or(global_percentage);
     Ok(Profile { name, points, percentage_of_nodes_to_score: percentage, pool: pool.cloned() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_for_a_separate_scheduler_process_are_accepted_and_ignored() {
+        let c =
+            Config::parse("leaderElection: {leaderElect: true}\nclientConnection: {qps: 50}\nenableProfiling: true\n")
+                .unwrap();
+        assert_eq!(c.profiles.len(), 1);
+        assert_eq!(c.profiles[0].scheduler_name.as_deref(), Some(DEFAULT_SCHEDULER_NAME));
+        assert!(Config::parse("leaderElect: true\n").unwrap_err().contains("leaderElect"));
+    }
 }

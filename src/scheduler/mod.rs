@@ -65,8 +65,7 @@ impl QueueHooks for Hooks {
             return true;
         }
         let Some(p) = self.profiles.get(&qp.pod.scheduler_name) else { return false };
-        let plugins = qp.rejected_by.union(&qp.pending_by).copied().collect();
-        p.requeue(&qp.pod, &plugins, event)
+        p.requeue(&qp.pod, &qp.rejected_by, event) || p.requeue(&qp.pod, &qp.pending_by, event)
     }
 }
 

@@ -401,6 +401,22 @@ impl NodeInfo {
     }
 }
 
+#[cfg(test)]
+impl PodInfo {
+    /// A pod's facts from its JSON (tests).
+    pub fn from_json(v: serde_json::Value) -> Self {
+        PodInfo::from_pod(&serde_json::from_value(v).expect("a valid pod"))
+    }
+}
+
+#[cfg(test)]
+impl NodeInfo {
+    /// An empty node from its JSON (tests).
+    pub fn from_json(v: serde_json::Value) -> Self {
+        NodeInfo::new(NodeFacts::from_node(&serde_json::from_value(v).expect("a valid node")))
+    }
+}
+
 /// Whether a `metav1.LabelSelector` selects `labels`. An empty selector selects everything; `None`
 /// selects nothing (upstream's `LabelSelectorAsSelector(nil)`).
 pub fn label_selector_matches(selector: Option<&LabelSelector>, labels: &Labels) -> bool {
@@ -474,7 +490,7 @@ mod tests {
     use serde_json::json;
 
     fn pod(v: serde_json::Value) -> PodInfo {
-        PodInfo::from_pod(&serde_json::from_value(v).unwrap())
+        PodInfo::from_json(v)
     }
 
     #[test]

@@ -132,17 +132,16 @@ mod tests {
 
     use super::*;
     use crate::scheduler::framework::Code;
-    use crate::scheduler::types::NodeFacts;
 
     fn pod(name: &str, requests: Value) -> PodInfo {
         let p = json!({"metadata": {"name": name, "uid": name}, "spec": {"containers": [
             {"name": "c", "image": "app", "resources": {"requests": requests}}]}});
-        PodInfo::from_pod(&serde_json::from_value(p).unwrap())
+        PodInfo::from_json(p)
     }
 
     fn node(allocatable: Value, pods: &[PodInfo]) -> NodeInfo {
         let n = json!({"metadata": {"name": "n"}, "status": {"allocatable": allocatable}});
-        let mut info = NodeInfo::new(NodeFacts::from_node(&serde_json::from_value(n).unwrap()));
+        let mut info = NodeInfo::from_json(n);
         for p in pods {
             info.add_pod(Arc::new(p.on_node("n")));
         }

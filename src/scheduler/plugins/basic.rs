@@ -199,16 +199,13 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::scheduler::types::NodeFacts;
 
     fn pod(spec: serde_json::Value) -> PodInfo {
-        PodInfo::from_pod(
-            &serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec})).unwrap(),
-        )
+        PodInfo::from_json(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec}))
     }
 
     fn node(v: serde_json::Value) -> NodeInfo {
-        NodeInfo::new(NodeFacts::from_node(&serde_json::from_value(v).unwrap()))
+        NodeInfo::from_json(v)
     }
 
     #[test]

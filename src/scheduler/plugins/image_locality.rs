@@ -73,20 +73,19 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::scheduler::types::NodeFacts;
 
     fn pod(images: &[&str]) -> PodInfo {
         let containers: Vec<Value> =
             images.iter().enumerate().map(|(i, image)| json!({"name": format!("c{i}"), "image": image})).collect();
         let p = json!({"metadata": {"name": "p"}, "spec": {"containers": containers}});
-        PodInfo::from_pod(&serde_json::from_value(p).unwrap())
+        PodInfo::from_json(p)
     }
 
     /// A node holding `images` (name, size in MiB).
     fn node(name: &str, images: &[(&str, i64)]) -> Arc<NodeInfo> {
         let images: Vec<Value> = images.iter().map(|(n, mb)| json!({"names": [n], "sizeBytes": mb * MB})).collect();
         let n = json!({"metadata": {"name": name}, "status": {"images": images}});
-        Arc::new(NodeInfo::new(NodeFacts::from_node(&serde_json::from_value(n).unwrap())))
+        Arc::new(NodeInfo::from_json(n))
     }
 
     fn scores(p: &PodInfo, nodes: &[Arc<NodeInfo>]) -> Vec<i64> {

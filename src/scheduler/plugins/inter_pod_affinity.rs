@@ -424,8 +424,7 @@ mod tests {
     use serde_json::{Value, json};
 
     fn node(name: &str, labels: Value) -> NodeInfo {
-        let n = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
-        NodeInfo::new(NodeFacts::from_node(&n))
+        NodeInfo::from_json(json!({"metadata": {"name": name, "labels": labels}}))
     }
 
     fn pod_in(ns: &str, name: &str, labels: Value, affinity: Value) -> PodInfo {
@@ -433,7 +432,7 @@ mod tests {
             "metadata": {"name": name, "namespace": ns, "uid": name, "labels": labels},
             "spec": {"containers": [{"name": "c"}], "affinity": affinity},
         });
-        PodInfo::from_pod(&serde_json::from_value(p).unwrap())
+        PodInfo::from_json(p)
     }
 
     fn pod(name: &str, labels: Value, affinity: Value) -> PodInfo {

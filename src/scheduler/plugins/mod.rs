@@ -58,8 +58,8 @@ impl Handle {
     fn namespace_labels(&self) -> inter_pod_affinity::NamespaceLabels {
         let registry = self.registry.clone();
         Arc::new(move |ns: &str| {
-            let obj = registry.store().get(&format!("{}/{ns}", crate::registry::kinds::NAMESPACES_STORAGE))?;
-            let v: Value = serde_json::from_slice(&obj.data).ok()?;
+            let namespaces = registry.find("", "v1", "namespaces")?;
+            let v = registry.get_value(&namespaces, None, ns).ok()?;
             serde_json::from_value(v["metadata"]["labels"].clone()).ok()
         })
     }

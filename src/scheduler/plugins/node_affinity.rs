@@ -169,15 +169,11 @@ mod tests {
     use super::*;
 
     fn pod(spec: serde_json::Value) -> PodInfo {
-        PodInfo::from_pod(
-            &serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec})).unwrap(),
-        )
+        PodInfo::from_json(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec}))
     }
 
     fn node(name: &str, labels: serde_json::Value) -> NodeInfo {
-        NodeInfo::new(NodeFacts::from_node(
-            &serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap(),
-        ))
+        NodeInfo::from_json(json!({"metadata": {"name": name, "labels": labels}}))
     }
 
     fn plugin() -> NodeAffinity {

@@ -402,7 +402,7 @@ mod tests {
 
     fn node(name: &str, labels: Value, taints: Value) -> NodeInfo {
         let n = json!({"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints}});
-        NodeInfo::new(NodeFacts::from_node(&serde_json::from_value(n).unwrap()))
+        NodeInfo::from_json(n)
     }
 
     fn pod_with(name: &str, labels: Value, spec: Value) -> PodInfo {
@@ -413,7 +413,7 @@ mod tests {
         if let (Some(dst), Value::Object(extra)) = (p["spec"].as_object_mut(), spec) {
             dst.extend(extra);
         }
-        PodInfo::from_pod(&serde_json::from_value(p).unwrap())
+        PodInfo::from_json(p)
     }
 
     fn web(name: &str) -> PodInfo {
