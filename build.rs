@@ -2,6 +2,31 @@
 
 fn main() {
     protobuf_table::generate();
+    pause::build();
+}
+
+/// Compiles `embedded/pause.c` into a static `$OUT_DIR/pause`, the process of cairn's built-in sandbox
+/// image, with the C compiler for the target (so cross builds get a matching binary).
+mod pause {
+    use std::path::PathBuf;
+
+    pub fn build() {
+        let source = "embedded/pause.c";
+        println!("cargo:rerun-if-changed={source}");
+        let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("pause");
+        let compiler = cc::Build::new().cargo_metadata(false).opt_level_str("s").get_compiler();
+        let status = compiler
+            .to_command()
+            .args(["-static", "-Os", "-s", "-Wl,--gc-sections", "-o"])
+            .arg(&out)
+            .arg(source)
+            .status()
+            .expect("running the C compiler for embedded/pause.c");
+        assert!(
+            status.success(),
+            "compiling embedded/pause.c failed: a C compiler with a static libc is needed (Debian: gcc, libc6-dev)"
+        );
+    }
 }
 
 /// Generates `$OUT_DIR/protobuf_table.rs`, the field table `src/api/protobuf.rs` decodes Kubernetes

@@ -3,7 +3,9 @@
 mod api;
 mod controllers;
 mod events;
+mod net;
 mod registry;
+mod runtime;
 mod scheduler;
 mod server;
 mod store;
@@ -27,6 +29,104 @@ struct Cli {
 enum Command {
     /// Run the API server with its store and controllers.
     Server(Box<ServerArgs>),
+    /// Inspect the node's container runtime (a small crictl): pods, ps, images, logs.
+    Ctr(CtrArgs),
+    /// Import image tarballs into the node's containerd.
+    Images(ImagesArgs),
+    /// Benchmarks against a running node.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+    #[command(subcommand)]
+    what: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Pod start-up through the raw CRI path (RunPodSandbox + CreateContainer + StartContainer); prints JSON lines
+    Cri {
+        /// Image of the pods' container (already in the runtime)
+        #[arg(long)]
+        image: String,
+        /// Command of the pods' container
+        #[arg(long, num_args = 1.., default_values = ["/bin/sleep", "3600"])]
+        command: Vec<String>,
+        /// Pods per scenario
+        #[arg(long, default_value_t = 50)]
+        pods: usize,
+        /// Pods started at once in the parallel scenario
+        #[arg(long, default_value_t = 10)]
+        parallel: usize,
+    },
+}
+
+/// Where helper commands find the runtime.
+#[derive(Args, Debug, Clone)]
+struct RuntimeArgs {
+    /// cairn's data directory, whose embedded containerd to ask
+    #[arg(short = 'd', long, env = "CAIRN_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    /// Ask this CRI/containerd socket instead, e.g. unix:///run/containerd/containerd.sock
+    #[arg(long, global = true)]
+    container_runtime_endpoint: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct CtrArgs {
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+    #[command(subcommand)]
+    what: CtrCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum CtrCommand {
+    /// List pod sandboxes
+    Pods,
+    /// List containers (running ones unless --all)
+    Ps {
+        #[arg(short, long)]
+        all: bool,
+    },
+    /// List images
+    Images,
+    /// Print a container's log
+    Logs {
+        /// Container ID (a unique prefix is enough)
+        id: String,
+        /// Only the last N lines
+        #[arg(long)]
+        tail: Option<usize>,
+    },
+    /// Run a command in a running container
+    Exec {
+        /// Container ID
+        id: String,
+        /// The command and its arguments (after `--`)
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ImagesArgs {
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+    #[command(subcommand)]
+    what: ImagesCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum ImagesCommand {
+    /// Import OCI layout or `docker save` tarballs (plain, .gz or .zst) into the k8s.io namespace
+    Import {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 /// Flags of `cairn server`. Every flag can also be given in the YAML config file under the same
@@ -69,6 +169,18 @@ struct ServerArgs {
     /// KubeSchedulerConfiguration file (kubescheduler.config.k8s.io/v1): profiles, plugins, weights
     #[arg(long)]
     scheduler_config: Option<PathBuf>,
+    /// containerd binary to run [default: `containerd` from PATH]
+    #[arg(long)]
+    containerd_bin: Option<PathBuf>,
+    /// Use this CRI runtime instead of starting containerd, e.g. unix:///run/containerd/containerd.sock
+    #[arg(long)]
+    container_runtime_endpoint: Option<String>,
+    /// Directory of CNI plugins to use instead of cairn's own (with --cni-conf-dir)
+    #[arg(long)]
+    cni_bin_dir: Option<PathBuf>,
+    /// Directory of CNI network configurations to use instead of cairn's own
+    #[arg(long)]
+    cni_conf_dir: Option<PathBuf>,
     /// Name of this node [default: the hostname]
     #[arg(long, env = "CAIRN_NODE_NAME")]
     node_name: Option<String>,
@@ -137,18 +249,13 @@ fn with_config_file(args: ServerArgs) -> Result<ServerArgs> {
     argv.splice(pos..pos, extra);
     match Cli::try_parse_from(argv) {
         Ok(Cli { command: Command::Server(a) }) => Ok(*a),
+        Ok(_) => anyhow::bail!("the config file {} changed the command", path.display()),
         Err(e) => anyhow::bail!("in the config file {}: {e}", path.display()),
     }
 }
 
 fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
-    let data_dir = args.data_dir.clone().unwrap_or_else(|| {
-        if is_root() {
-            PathBuf::from("/var/lib/cairn")
-        } else {
-            std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".cairn")
-        }
-    });
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     let write_kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
         if is_root() { PathBuf::from("/etc/cairn/cairn.yaml") } else { data_dir.join("kubeconfig.yaml") }
     });
@@ -171,19 +278,31 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         .or_else(|| hostname::get().ok().and_then(|h| h.into_string().ok()))
         .unwrap_or_else(|| "cairn".into())
         .to_lowercase();
-    let cidr_ok = args
-        .cluster_cidr
-        .split_once('/')
-        .is_some_and(|(ip, bits)| ip.parse::<IpAddr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 128));
-    if !cidr_ok {
-        anyhow::bail!("invalid cluster-cidr {:?}: expected a CIDR such as 10.42.0.0/16", args.cluster_cidr);
-    }
+    let cluster_cidr: net::Cidr = args.cluster_cidr.parse().map_err(|e| {
+        anyhow::anyhow!("invalid cluster-cidr {:?}: {e}; expected an IPv4 CIDR such as 10.42.0.0/16", args.cluster_cidr)
+    })?;
+    let cluster_cidr = cluster_cidr.net();
     let scheduler = match (args.disable_scheduler, &args.scheduler_config) {
         (true, _) => None,
         (false, Some(path)) => Some(scheduler::Config::load(path)?),
         (false, None) => Some(scheduler::Config::default()),
     };
+    if args.cni_bin_dir.is_some() != args.cni_conf_dir.is_some() {
+        anyhow::bail!("--cni-bin-dir and --cni-conf-dir go together: give both to use your own CNI plugins");
+    }
+    let runtime = (!args.disable_agent).then(|| runtime::Config {
+        data_dir: data_dir.clone(),
+        containerd_bin: args.containerd_bin.clone(),
+        endpoint: args.container_runtime_endpoint.clone(),
+        cni_bin_dir: args.cni_bin_dir.clone(),
+        cni_conf_dir: args.cni_conf_dir.clone(),
+        cluster_cidr,
+    });
+    if let Some(r) = &runtime {
+        r.check()?;
+    }
     Ok(server::ServerConfig {
+        runtime,
         scheduler,
         data_dir,
         bind_address: args.bind_address,
@@ -193,7 +312,6 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         tls_san: args.tls_san.clone(),
         token,
         node_name,
-        disable_agent: args.disable_agent,
         store_cache_mib: args.store_cache_mib,
     })
 }
@@ -210,9 +328,16 @@ fn init_logging(filter: &str) {
 }
 
 fn main() -> std::process::ExitCode {
+    // containerd runs this same binary as the pod network's CNI plugin.
+    if net::is_cni_invocation() {
+        return std::process::ExitCode::from(u8::try_from(net::plugin_main()).unwrap_or(1));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Server(args) => run_server(*args),
+        Command::Ctr(args) => run_ctr(args),
+        Command::Images(args) => run_images(args),
+        Command::Bench(args) => run_bench(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -221,6 +346,82 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn default_data_dir() -> PathBuf {
+    if is_root() {
+        PathBuf::from("/var/lib/cairn")
+    } else {
+        std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".cairn")
+    }
+}
+
+fn helper_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
+}
+
+fn run_ctr(args: CtrArgs) -> Result<()> {
+    let data_dir = args.runtime.data_dir.unwrap_or_else(default_data_dir);
+    let socket = runtime::helper_socket(&data_dir, args.runtime.container_runtime_endpoint.as_deref())?;
+    let query = match args.what {
+        CtrCommand::Pods => runtime::ctr::Query::Pods,
+        CtrCommand::Ps { all } => runtime::ctr::Query::Containers { all },
+        CtrCommand::Images => runtime::ctr::Query::Images,
+        CtrCommand::Logs { id, tail } => runtime::ctr::Query::Logs { id, tail },
+        CtrCommand::Exec { id, cmd } => runtime::ctr::Query::Exec { id, cmd },
+    };
+    let out = helper_runtime()?.block_on(runtime::ctr::run(&socket, query))?;
+    print!("{out}");
+    Ok(())
+}
+
+fn run_images(args: ImagesArgs) -> Result<()> {
+    init_logging("info");
+    let data_dir = args.runtime.data_dir.unwrap_or_else(default_data_dir);
+    let socket = runtime::helper_socket(&data_dir, args.runtime.container_runtime_endpoint.as_deref())?;
+    let ImagesCommand::Import { files } = args.what;
+    helper_runtime()?.block_on(async {
+        let channel = runtime::images::connect(&socket).await?;
+        let importer = runtime::images::Importer::new(channel);
+        let mut failed = 0;
+        for file in &files {
+            let started = std::time::Instant::now();
+            let progress = runtime::images::progress_logger(file);
+            match importer.import_file(file, &progress).await {
+                Ok(images) => {
+                    for image in images {
+                        println!(
+                            "imported {} ({}) from {} in {:.1?}",
+                            image.reference,
+                            image.digest,
+                            file.display(),
+                            started.elapsed()
+                        );
+                    }
+                }
+                Err(e) => {
+                    eprintln!("cairn: {}: {e:#}", file.display());
+                    failed += 1;
+                }
+            }
+        }
+        if failed > 0 {
+            anyhow::bail!("{failed} of {} files could not be imported", files.len());
+        }
+        Ok(())
+    })
+}
+
+fn run_bench(args: BenchArgs) -> Result<()> {
+    let data_dir = args.runtime.data_dir.unwrap_or_else(default_data_dir);
+    let socket = runtime::helper_socket(&data_dir, args.runtime.container_runtime_endpoint.as_deref())?;
+    let BenchCommand::Cri { image, command, pods, parallel } = args.what;
+    let plan = runtime::bench::Plan { image, command, pods, parallel };
+    let figures = helper_runtime()?.block_on(runtime::bench::run(&runtime::Cri::new(&socket), &plan))?;
+    for f in figures {
+        println!("{}", serde_json::to_string(&f)?);
+    }
+    Ok(())
 }
 
 fn run_server(args: ServerArgs) -> Result<()> {

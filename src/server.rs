@@ -12,12 +12,15 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AppState, Tokens, User, pki};
 use crate::controllers;
 use crate::registry::Registry;
+use crate::runtime;
 use crate::scheduler;
 use crate::store::{self, Store};
 
 /// Everything `cairn server` needs, after flags and the config file are merged.
 #[derive(Debug)]
 pub struct ServerConfig {
+    /// The node's container runtime; `None` when the agent is disabled.
+    pub runtime: Option<runtime::Config>,
     /// The scheduler's configuration; `None` when it is disabled.
     pub scheduler: Option<scheduler::Config>,
     pub data_dir: PathBuf,
@@ -28,7 +31,6 @@ pub struct ServerConfig {
     pub tls_san: Vec<String>,
     pub token: Option<String>,
     pub node_name: String,
-    pub disable_agent: bool,
     pub store_cache_mib: u64,
 }
 
@@ -77,12 +79,6 @@ pub struct Started {
 
 /// Starts every component; returns once the API answers and the kubeconfig is written.
 pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Started> {
-    if !cfg.disable_agent {
-        tracing::info!(
-            "the node agent is not part of this build yet; node {} runs the control plane only",
-            cfg.node_name
-        );
-    }
     std::fs::create_dir_all(cfg.data_dir.join("server"))
         .with_context(|| format!("creating the data directory {}", cfg.data_dir.display()))?;
 
@@ -109,6 +105,12 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
     let mut tokens = Tokens::default();
     tokens.add(token, User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] });
 
+    // The runtime (containerd, images, pod network) starts beside the control plane.
+    let runtime = cfg.runtime.clone().map(|rc| {
+        let stop = shutdown.clone();
+        tokio::spawn(async move { runtime::start(&rc, stop).await })
+    });
+
     let registry = Registry::new(store);
     controllers::bootstrap(&registry).await.context("creating the system namespaces")?;
     if let Some(config) = &cfg.scheduler {
@@ -125,7 +127,26 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
     };
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let app = api::router(state.clone());
-    let done = tokio::spawn(api::serve(listener, tls, app, shutdown.clone()));
+    let mut done = tokio::spawn(api::serve(listener, tls, app, shutdown.clone()));
+    if let Some(starting) = runtime {
+        let started = match starting.await {
+            Ok(r) => r,
+            Err(e) => Err(anyhow::anyhow!("the runtime start-up task failed: {e}")),
+        };
+        let rt = match started {
+            Ok(rt) => rt,
+            Err(e) => {
+                shutdown.cancel();
+                return Err(e.context("starting the container runtime"));
+            }
+        };
+        tracing::info!("node {}: the container runtime and pod network are ready", cfg.node_name);
+        let api = done;
+        done = tokio::spawn(async move {
+            let _ = api.await;
+            let _ = rt.done.await;
+        });
+    }
 
     let url = format!("https://127.0.0.1:{}", local.port());
     pki::write_kubeconfig(&cfg.write_kubeconfig, cfg.write_kubeconfig_mode, &url, &pki)

@@ -1,0 +1,168 @@
+//! The container runtime side of the node: an embedded containerd (or an external CRI runtime), the
+//! CRI client, the built-in sandbox image, air-gapped image import, and the pod network's CNI files.
+
+pub mod bench;
+pub mod containerd;
+pub mod cri;
+pub mod ctr;
+pub mod images;
+pub mod oci_image;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use tokio_util::sync::CancellationToken;
+
+use crate::net;
+pub use cri::Cri;
+
+/// The sandbox image every pod's pause container runs, built from `embedded/pause.c`. A
+/// `localhost/` name cannot collide with anything pulled from a registry.
+pub const PAUSE_IMAGE: &str = concat!("localhost/cairn/pause:", env!("CARGO_PKG_VERSION"));
+static PAUSE_BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pause"));
+/// How often the images directory is looked at for new files.
+const IMAGE_DIR_POLL: Duration = Duration::from_secs(5);
+
+/// The built-in sandbox image as an OCI layout tarball (the same bytes every time).
+pub fn pause_image_tar() -> Vec<u8> {
+    oci_image::ImageBuilder::new(PAUSE_IMAGE)
+        .file("/pause", PAUSE_BINARY, 0o755)
+        .entrypoint(&["/pause"])
+        .user("65535:65535")
+        .oci_layout_tar()
+}
+
+/// Settings of the node's runtime.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    /// `--containerd-bin`.
+    pub containerd_bin: Option<PathBuf>,
+    /// `--container-runtime-endpoint`: use this runtime instead of starting containerd.
+    pub endpoint: Option<String>,
+    /// `--cni-bin-dir` / `--cni-conf-dir`: someone else's CNI plugins and configuration instead of cairn's.
+    pub cni_bin_dir: Option<PathBuf>,
+    pub cni_conf_dir: Option<PathBuf>,
+    /// The cluster's pod network (`--cluster-cidr`).
+    pub cluster_cidr: net::Cidr,
+}
+
+impl Config {
+    fn agent_dir(&self) -> PathBuf {
+        self.data_dir.join("agent")
+    }
+    pub fn containerd_layout(&self) -> containerd::Layout {
+        containerd::Layout { dir: self.agent_dir().join("containerd") }
+    }
+    pub fn images_dir(&self) -> PathBuf {
+        self.agent_dir().join("images")
+    }
+    fn cni_bin_dir(&self) -> PathBuf {
+        self.cni_bin_dir.clone().unwrap_or_else(|| self.agent_dir().join("cni").join("bin"))
+    }
+    fn cni_conf_dir(&self) -> PathBuf {
+        self.cni_conf_dir.clone().unwrap_or_else(|| self.agent_dir().join("cni").join("net.d"))
+    }
+    /// cairn's own pod network on this node: the first /24 of the cluster CIDR.
+    pub fn network(&self) -> net::NetworkConfig {
+        net::NetworkConfig {
+            name: "cairn".into(),
+            bridge: "cni0".into(),
+            subnet: self.cluster_cidr.first_subnet(24),
+            cluster_cidr: self.cluster_cidr,
+            mtu: 1500,
+            hairpin: true,
+            ip_masq: true,
+            state_dir: self.agent_dir().join("cni"),
+        }
+    }
+    /// Fails fast when the runtime cannot be started at all (no containerd, no runc).
+    pub fn check(&self) -> Result<()> {
+        match &self.endpoint {
+            Some(endpoint) => cri::socket_path(endpoint).map(drop),
+            None => containerd::find_binaries(self.containerd_bin.as_deref()).map(drop),
+        }
+    }
+}
+
+/// A running runtime.
+pub struct Runtime {
+    /// Resolves once the runtime side has stopped after shutdown.
+    pub done: tokio::task::JoinHandle<()>,
+}
+
+/// Prepares the pod network files, starts containerd (unless an external runtime is named), imports
+/// the sandbox image and the air-gapped images, and keeps watching the images directory.
+pub async fn start(cfg: &Config, shutdown: CancellationToken) -> Result<Runtime> {
+    if cfg.cni_bin_dir.is_none() && cfg.cni_conf_dir.is_none() {
+        let exe = std::env::current_exe().context("finding cairn's own executable for the CNI plugin")?;
+        net::install(&cfg.network(), &exe, &cfg.cni_bin_dir(), &cfg.cni_conf_dir())
+            .context("installing cairn's CNI plugin")?;
+    }
+    let (socket, supervisor) = match &cfg.endpoint {
+        Some(endpoint) => (cri::socket_path(endpoint)?, None),
+        None => {
+            let layout = cfg.containerd_layout();
+            let settings = containerd::Settings {
+                layout: layout.clone(),
+                bin: cfg.containerd_bin.clone(),
+                sandbox_image: PAUSE_IMAGE.into(),
+                cni_bin_dir: cfg.cni_bin_dir(),
+                cni_conf_dir: cfg.cni_conf_dir(),
+            };
+            let supervisor = containerd::start(&settings, shutdown.clone()).await?;
+            (layout.socket(), Some(supervisor))
+        }
+    };
+    let cri = Cri::new(&socket);
+    let readiness =
+        cri.readiness().await.with_context(|| format!("asking the runtime at {} for its status", cri.endpoint()))?;
+    tracing::info!("container runtime {} (CRI {}) at {}", readiness.runtime, readiness.api_version, cri.endpoint());
+    if let Some(problem) = &readiness.problem {
+        tracing::warn!("the container runtime is not ready yet: {problem}");
+    }
+
+    // Images are imported through containerd's own API; another CRI runtime brings its own.
+    let importer = if readiness.runtime.starts_with("containerd") {
+        let importer = images::Importer::new(images::connect(&socket).await?);
+        importer.import_bytes(&pause_image_tar()).await.context("importing the built-in sandbox image")?;
+        Some(importer)
+    } else {
+        tracing::warn!(
+            "{} is not containerd: air-gapped images in {} are not imported",
+            readiness.runtime,
+            cfg.images_dir().display()
+        );
+        None
+    };
+
+    let watcher = importer.map(|importer| {
+        let dir = images::ImageDir::new(cfg.images_dir(), cfg.agent_dir().join("images.imported.json"));
+        let puller = cri.clone();
+        let pull = move |reference: String| {
+            let cri = puller.clone();
+            Box::pin(async move { cri.ensure_image(&reference).await.map(drop).map_err(anyhow::Error::from) })
+                as futures::future::BoxFuture<'static, Result<()>>
+        };
+        let stop = shutdown.clone();
+        tokio::spawn(async move { dir.watch(importer, pull, IMAGE_DIR_POLL, stop.cancelled_owned()).await })
+    });
+    let done = tokio::spawn(async move {
+        if let Some(w) = watcher {
+            let _ = w.await;
+        }
+        if let Some(s) = supervisor {
+            let _ = s.done.await;
+        }
+    });
+    Ok(Runtime { done })
+}
+
+/// The containerd socket for helper commands: the embedded one under `data_dir` unless an endpoint is given.
+pub fn helper_socket(data_dir: &Path, endpoint: Option<&str>) -> Result<PathBuf> {
+    match endpoint {
+        Some(e) => cri::socket_path(e),
+        None => Ok(containerd::Layout { dir: data_dir.join("agent").join("containerd") }.socket()),
+    }
+}
