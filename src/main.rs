@@ -278,10 +278,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         .or_else(|| hostname::get().ok().and_then(|h| h.into_string().ok()))
         .unwrap_or_else(|| "cairn".into())
         .to_lowercase();
-    let cluster_cidr: net::Cidr = args.cluster_cidr.parse().map_err(|e| {
-        anyhow::anyhow!("invalid cluster-cidr {:?}: {e}; expected an IPv4 CIDR such as 10.42.0.0/16", args.cluster_cidr)
-    })?;
-    let cluster_cidr = cluster_cidr.net();
+
     let scheduler = match (args.disable_scheduler, &args.scheduler_config) {
         (true, _) => None,
         (false, Some(path)) => Some(scheduler::Config::load(path)?),
@@ -290,17 +287,37 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     if args.cni_bin_dir.is_some() != args.cni_conf_dir.is_some() {
         anyhow::bail!("--cni-bin-dir and --cni-conf-dir go together: give both to use your own CNI plugins");
     }
-    let runtime = (!args.disable_agent).then(|| runtime::Config {
-        data_dir: data_dir.clone(),
-        containerd_bin: args.containerd_bin.clone(),
-        endpoint: args.container_runtime_endpoint.clone(),
-        cni_bin_dir: args.cni_bin_dir.clone(),
-        cni_conf_dir: args.cni_conf_dir.clone(),
-        cluster_cidr,
-    });
-    if let Some(r) = &runtime {
-        r.check()?;
+    let cidr_ok = args
+        .cluster_cidr
+        .split_once('/')
+        .is_some_and(|(ip, bits)| ip.parse::<IpAddr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 128));
+    if !cidr_ok {
+        anyhow::bail!("invalid cluster-cidr {:?}: expected a CIDR such as 10.42.0.0/16", args.cluster_cidr);
     }
+    let runtime = if args.disable_agent {
+        None
+    } else {
+        // The node's pod network is IPv4: a /24 of the cluster CIDR, or all of it when smaller.
+        let cluster_cidr = args
+            .cluster_cidr
+            .parse::<net::Cidr>()
+            .ok()
+            .filter(|c| c.prefix <= 30)
+            .with_context(|| {
+                format!("invalid cluster-cidr {:?} for the node's pod network: expected an IPv4 CIDR of /30 or larger such as 10.42.0.0/16", args.cluster_cidr)
+            })?
+            .net();
+        let runtime = runtime::Config {
+            data_dir: data_dir.clone(),
+            containerd_bin: args.containerd_bin.clone(),
+            endpoint: args.container_runtime_endpoint.clone(),
+            cni_bin_dir: args.cni_bin_dir.clone(),
+            cni_conf_dir: args.cni_conf_dir.clone(),
+            cluster_cidr,
+        };
+        runtime.check()?;
+        Some(runtime)
+    };
     Ok(server::ServerConfig {
         runtime,
         scheduler,
@@ -417,7 +434,8 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     let socket = runtime::helper_socket(&data_dir, args.runtime.container_runtime_endpoint.as_deref())?;
     let BenchCommand::Cri { image, command, pods, parallel } = args.what;
     let plan = runtime::bench::Plan { image, command, pods, parallel };
-    let figures = helper_runtime()?.block_on(runtime::bench::run(&runtime::Cri::new(&socket), &plan))?;
+    let figures =
+        helper_runtime()?.block_on(async { runtime::bench::run(&runtime::Cri::new(&socket), &plan).await })?;
     for f in figures {
         println!("{}", serde_json::to_string(&f)?);
     }

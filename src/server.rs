@@ -79,6 +79,50 @@ pub struct Started {
 
 /// Starts every component; returns once the API answers and the kubeconfig is written.
 pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Started> {
+    // The runtime (containerd, images, pod network) starts beside the control plane. Its task ends
+    // once the runtime has stopped again; `ready` says whether it came up.
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let runtime = cfg.runtime.clone().map(|rc| {
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            match runtime::start(&rc, stop).await {
+                Ok(rt) => {
+                    let _ = ready_tx.send(Ok(()));
+                    let _ = rt.done.await;
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+    });
+    match start_control_plane(cfg, shutdown.clone(), runtime.is_some().then_some(ready)).await {
+        Ok(mut started) => {
+            if let Some(runtime) = runtime {
+                let api = started.done;
+                started.done = tokio::spawn(async move {
+                    let _ = api.await;
+                    let _ = runtime.await;
+                });
+            }
+            Ok(started)
+        }
+        Err(e) => {
+            // Whatever failed, containerd must not outlive a server that never started.
+            shutdown.cancel();
+            if let Some(runtime) = runtime {
+                let _ = runtime.await;
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn start_control_plane(
+    cfg: ServerConfig,
+    shutdown: CancellationToken,
+    runtime_ready: Option<tokio::sync::oneshot::Receiver<Result<()>>>,
+) -> Result<Started> {
     std::fs::create_dir_all(cfg.data_dir.join("server"))
         .with_context(|| format!("creating the data directory {}", cfg.data_dir.display()))?;
 
@@ -105,12 +149,6 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
     let mut tokens = Tokens::default();
     tokens.add(token, User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] });
 
-    // The runtime (containerd, images, pod network) starts beside the control plane.
-    let runtime = cfg.runtime.clone().map(|rc| {
-        let stop = shutdown.clone();
-        tokio::spawn(async move { runtime::start(&rc, stop).await })
-    });
-
     let registry = Registry::new(store);
     controllers::bootstrap(&registry).await.context("creating the system namespaces")?;
     if let Some(config) = &cfg.scheduler {
@@ -127,25 +165,13 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
     };
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let app = api::router(state.clone());
-    let mut done = tokio::spawn(api::serve(listener, tls, app, shutdown.clone()));
-    if let Some(starting) = runtime {
-        let started = match starting.await {
-            Ok(r) => r,
-            Err(e) => Err(anyhow::anyhow!("the runtime start-up task failed: {e}")),
-        };
-        let rt = match started {
-            Ok(rt) => rt,
-            Err(e) => {
-                shutdown.cancel();
-                return Err(e.context("starting the container runtime"));
-            }
-        };
-        tracing::info!("node {}: the container runtime and pod network are ready", cfg.node_name);
-        let api = done;
-        done = tokio::spawn(async move {
-            let _ = api.await;
-            let _ = rt.done.await;
-        });
+    let done = tokio::spawn(api::serve(listener, tls, app, shutdown.clone()));
+    if let Some(ready) = runtime_ready {
+        match ready.await {
+            Ok(Ok(())) => tracing::info!("node {}: the container runtime and pod network are ready", cfg.node_name),
+            Ok(Err(e)) => return Err(e.context("starting the container runtime")),
+            Err(_) => bail!("the container runtime's start-up task ended without an answer"),
+        }
     }
 
     let url = format!("https://127.0.0.1:{}", local.port());

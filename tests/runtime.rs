@@ -62,7 +62,8 @@ impl Node {
         }
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let cri = rt.block_on(async { Cri::new(&data.join("agent/containerd/containerd.sock")) });
-        let server = Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", cluster_cidr]);
+        let args = ["--disable-agent=false", "--cluster-cidr", cluster_cidr];
+        let server = Server::start_with(dir, &args);
         let base: Ipv4Addr = cluster_cidr.split('/').next().unwrap().parse().unwrap();
         Node { server: Some(server), cri, rt, data, subnet: base }
     }
@@ -188,6 +189,14 @@ impl Node {
         }
     }
 
+    /// Kills cairn with SIGKILL (containerd and the containers stay) and starts it again on the same data.
+    fn restart_after_kill9(&mut self) {
+        let dir = self.server.take().expect("running").kill9();
+        let cidr = format!("{}/16", self.subnet);
+        self.server = Some(Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", &cidr]));
+        eventually(30, || self.block_on(self.cri.version(Default::default())).ok());
+    }
+
     fn containerd_pid(&self) -> Option<u32> {
         std::fs::read_to_string(self.data.join("agent/containerd/containerd.pid")).ok()?.trim().parse().ok()
     }
@@ -218,6 +227,12 @@ impl Drop for Node {
             }
         }
     }
+}
+
+/// Whether `pid` is a live process (an exited but unreaped one counts as gone).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
 }
 
 fn http_get(addr: &str) -> std::io::Result<String> {
@@ -342,6 +357,30 @@ fn pods_get_addresses_talk_and_survive_a_containerd_crash() {
     assert!(body.contains("hello-from-a"));
     let log = node.server().log();
     assert!(log.contains("containerd exited") && log.contains(&format!("containerd restarted (pid {new})")), "{log}");
+
+    // Another cairn pointed at this containerd as an external runtime uses it and, stopping, leaves it be.
+    let socket = format!("unix://{}", node.data.join("agent/containerd/containerd.sock").display());
+    let other = Server::start_with(
+        tempfile::tempdir().unwrap(),
+        &["--disable-agent=false", "--container-runtime-endpoint", &socket, "--cluster-cidr", "10.49.0.0/16"],
+    );
+    assert!(other.log().contains("containerd://1.") && other.log().contains(&socket), "{}", other.log());
+    let (_, status) = other.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()));
+    assert_eq!(node.containerd_pid(), Some(new));
+    assert!(node.block_on(node.cri.version(Default::default())).is_ok());
+
+    // cairn killed with SIGKILL leaves containerd orphaned; the next cairn replaces it, and the
+    // containers keep running with the same IDs.
+    let mut node = node;
+    node.restart_after_kill9();
+    let newer = node.containerd_pid().expect("containerd pid file");
+    assert_ne!(newer, new);
+    assert!(!alive(new), "the orphaned containerd was stopped");
+    for id in [&a, &b, &c] {
+        assert_eq!(node.container_state(id), cri::ContainerState::ContainerRunning as i32, "container {id}");
+    }
+    assert!(http_get(&format!("{ip_a}:8080")).expect("pod a serves after cairn's restart").contains("hello-from-a"));
 }
 
 #[test]

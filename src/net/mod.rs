@@ -61,6 +61,24 @@ pub struct NetworkConfig {
     pub state_dir: PathBuf,
 }
 
+/// Checks that the host has the programs the plugin runs, or says what to install.
+pub fn check_host() -> Result<()> {
+    for tool in ["iptables-save", "iptables-restore"] {
+        if !netfilter::binary(tool).is_absolute() && path_lookup(tool).is_none() {
+            bail!(
+                "{tool} was not found: cairn's pod network needs iptables (Debian/Ubuntu: apt-get install iptables), \
+                 or use other CNI plugins with --cni-bin-dir and --cni-conf-dir"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn path_lookup(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
 /// True when this process was started by a container runtime as a CNI plugin (CNI_COMMAND is set).
 pub fn is_cni_invocation() -> bool {
     std::env::var_os("CNI_COMMAND").is_some()
@@ -138,7 +156,7 @@ fn attachment_key(container_id: &str, ifname: &str) -> String {
 }
 
 fn host_veth(key: &str) -> String {
-    format!("veth{}", &key[..8])
+    format!("veth{}", &key[..11])
 }
 
 /// Marks an attachment that has host ports, so that DEL of one without skips iptables entirely.

@@ -281,7 +281,7 @@ async fn restore(plan: &Plan) -> Result<()> {
 }
 
 /// The iptables tools may live in an sbin directory that a runtime's PATH lacks.
-fn binary(name: &str) -> PathBuf {
+pub fn binary(name: &str) -> PathBuf {
     ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
         .iter()
         .map(|d| Path::new(d).join(name))

@@ -724,7 +724,7 @@ fn it_add_check_del() {
     assert_eq!(rb["ips"][0]["version"], "4");
 
     let key = attachment_key("ctr-a", "eth0");
-    let veth = format!("veth{}", &key[..8]);
+    let veth = super::host_veth(&key);
     assert_eq!(ra["cniVersion"], "1.0.0");
     assert_eq!(ra["interfaces"][0]["name"], "cntest1");
     assert_eq!(ra["interfaces"][1]["name"], veth.as_str());
@@ -875,7 +875,7 @@ fn it_failed_add_cleans_up() {
     let e = net.run("ADD", "ctr-y", &ns.path(), &net.conf("1.0.0", json!([]))).unwrap_err();
     assert_eq!(e.code, code::FAILED, "{e:?}");
     assert_eq!(net.ip_files(), 0);
-    assert!(!link_exists(&format!("veth{}", &attachment_key("ctr-y", "eth0")[..8])));
+    assert!(!link_exists(&super::host_veth(&attachment_key("ctr-y", "eth0"))));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use futures::future::try_join_all;
+use futures::future::join_all;
 
 use super::cri::{self, Cri};
 
@@ -40,22 +40,32 @@ pub async fn run(cri: &Cri, plan: &Plan) -> Result<Vec<Figures>> {
     .image
     .with_context(|| format!("the image {} is not in the runtime; import it first", plan.image))?;
     let run_id = std::process::id();
+    // A fresh directory (create_dir fails rather than reuse something planted there).
+    let logs = std::env::temp_dir().join(format!("cairn-bench-{run_id}"));
+    std::fs::create_dir(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let mut results = Vec::new();
-
-    let mut seq = Vec::new();
-    for i in 0..plan.pods {
-        seq.push(start_pod(cri, plan, &format!("bench-{run_id}-s{i}")).await?);
+    let parallel = plan.parallel.max(1);
+    for (scenario, batch_size) in [("sequential".to_string(), 1), (format!("{parallel} in parallel"), parallel)] {
+        let mut started = Vec::new();
+        let mut failure = None;
+        while started.len() < plan.pods && failure.is_none() {
+            let batch = batch_size.min(plan.pods - started.len());
+            let names: Vec<String> = (0..batch).map(|i| format!("bench-{run_id}-{}-{i}", started.len())).collect();
+            for result in join_all(names.iter().map(|n| start_pod(cri, plan, n, &logs))).await {
+                match result {
+                    Ok(pod) => started.push(pod),
+                    Err(e) => failure = Some(e),
+                }
+            }
+        }
+        cleanup(cri, &started).await;
+        if let Some(e) = failure {
+            let _ = std::fs::remove_dir_all(&logs);
+            return Err(e);
+        }
+        results.push(figures(&scenario, &started));
     }
-    results.push(figures("sequential", &seq));
-    cleanup(cri, &seq).await;
-
-    let mut par = Vec::new();
-    for batch in 0..plan.pods.div_ceil(plan.parallel.max(1)) {
-        let names: Vec<String> = (0..plan.parallel).map(|i| format!("bench-{run_id}-p{batch}-{i}")).collect();
-        par.extend(try_join_all(names.iter().map(|n| start_pod(cri, plan, n))).await?);
-    }
-    results.push(figures(&format!("{} in parallel", plan.parallel), &par));
-    cleanup(cri, &par).await;
+    let _ = std::fs::remove_dir_all(&logs);
     Ok(results)
 }
 
@@ -66,7 +76,7 @@ struct Started {
     total: Duration,
 }
 
-async fn start_pod(cri: &Cri, plan: &Plan, name: &str) -> Result<Started> {
+async fn start_pod(cri: &Cri, plan: &Plan, name: &str, logs: &std::path::Path) -> Result<Started> {
     let config = cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name: name.into(),
@@ -75,7 +85,7 @@ async fn start_pod(cri: &Cri, plan: &Plan, name: &str) -> Result<Started> {
             attempt: 0,
         }),
         hostname: name.into(),
-        log_directory: format!("/tmp/cairn-bench-logs/{name}"),
+        log_directory: logs.join(name).display().to_string(),
         ..Default::default()
     };
     let begin = Instant::now();

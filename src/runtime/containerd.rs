@@ -39,9 +39,9 @@ impl Layout {
     pub fn template(&self) -> PathBuf {
         self.dir.join("config.toml.tmpl")
     }
-    /// Drop-in files containerd merges into its configuration.
-    pub fn dropins(&self) -> PathBuf {
-        self.dir.join("config.d")
+    /// Registry hosts configuration (`certs.d/<registry>/hosts.toml`: mirrors, CAs, credentials).
+    pub fn registries(&self) -> PathBuf {
+        self.dir.join("certs.d")
     }
     pub fn root(&self) -> PathBuf {
         self.dir.join("root")
@@ -144,7 +144,7 @@ pub fn render(template: &str, vars: &[(&str, String)]) -> Result<String> {
 /// rewritten when its contents change.
 pub fn write_config(settings: &Settings) -> Result<PathBuf> {
     let layout = &settings.layout;
-    for dir in [layout.dir.clone(), layout.dropins(), layout.root(), layout.state()] {
+    for dir in [layout.dir.clone(), layout.registries(), layout.root(), layout.state()] {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let path_str = |p: PathBuf| p.display().to_string();
@@ -152,7 +152,7 @@ pub fn write_config(settings: &Settings) -> Result<PathBuf> {
         ("root", path_str(layout.root())),
         ("state", path_str(layout.state())),
         ("address", path_str(layout.socket())),
-        ("dropin_dir", path_str(layout.dropins())),
+        ("registry_dir", path_str(layout.registries())),
         ("sandbox_image", settings.sandbox_image.clone()),
         ("restrict_oom_score_adj", (!has_cap_sys_resource()).to_string()),
         ("systemd_cgroup", systemd_cgroup_driver().to_string()),
@@ -205,6 +205,10 @@ pub async fn start(settings: &Settings, shutdown: CancellationToken) -> Result<S
                 log_tail(&layout)
             );
         }
+        if shutdown.is_cancelled() {
+            stop(&mut child).await;
+            bail!("shut down while containerd was starting");
+        }
         if started.elapsed() > START_TIMEOUT {
             let _ = child.start_kill();
             bail!(
@@ -247,6 +251,8 @@ fn spawn(bin: &Path, config: &Path, layout: &Layout) -> Result<Child> {
     let child = Command::new(bin)
         .arg("--config")
         .arg(config)
+        // containerd must not answer systemd on cairn's behalf.
+        .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log2)
@@ -351,9 +357,13 @@ fn signal(pid: u32, sig: libc::c_int) {
 
 /// The last lines of containerd's log, for error messages.
 fn log_tail(layout: &Layout) -> String {
-    let text = std::fs::read(layout.log()).unwrap_or_default();
-    let start = text.len().saturating_sub(2048);
-    let tail = String::from_utf8_lossy(&text[start..]);
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut text = Vec::new();
+    if let Ok(mut file) = std::fs::File::open(layout.log()) {
+        let len = file.metadata().map_or(0, |m| m.len());
+        let _ = file.seek(SeekFrom::Start(len.saturating_sub(2048))).and_then(|_| file.read_to_end(&mut text));
+    }
+    let tail = String::from_utf8_lossy(&text);
     tail.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 

@@ -41,7 +41,8 @@ pub fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
-/// A gRPC channel to a Unix socket, connected lazily and reconnected after failures.
+/// A gRPC channel to a Unix socket, connected lazily and reconnected after failures (within a tokio
+/// runtime, which serves it).
 pub fn channel(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();
     // The URI is a placeholder: the connector ignores it and dials the socket.
@@ -81,6 +82,7 @@ macro_rules! calls {
 
 impl Cri {
     /// A client for the runtime listening at `socket`. Nothing is dialled until the first call.
+    /// Must be called within a tokio runtime, which then serves the connection.
     pub fn new(socket: &Path) -> Self {
         let channel = channel(socket);
         Cri {

@@ -104,9 +104,9 @@ pub async fn run(socket: &Path, query: Query) -> Result<String> {
                 .with_context(context)?
                 .status
                 .with_context(|| format!("the runtime has no status for container {id}"))?;
-            let text = std::fs::read_to_string(&status.log_path)
+            let bytes = std::fs::read(&status.log_path)
                 .with_context(|| format!("reading the log {} of container {id}", status.log_path))?;
-            let lines: Vec<String> = text.lines().filter_map(cri_log_content).collect();
+            let lines = log_messages(&String::from_utf8_lossy(&bytes));
             let skip = tail.map_or(0, |n| lines.len().saturating_sub(n));
             Ok(lines[skip..].iter().fold(String::new(), |mut out, l| {
                 let _ = writeln!(out, "{l}");
@@ -116,11 +116,25 @@ pub async fn run(socket: &Path, query: Query) -> Result<String> {
     }
 }
 
-/// The message of one CRI log line: `<RFC3339 time> <stdout|stderr> <F|P> <message>`.
-pub fn cri_log_content(line: &str) -> Option<String> {
-    let mut parts = line.splitn(4, ' ');
-    let (_time, _stream, _tag) = (parts.next()?, parts.next()?, parts.next()?);
-    Some(parts.next().unwrap_or("").to_string())
+/// The messages of a CRI log file, whose lines are `<RFC3339 time> <stdout|stderr> <F|P> <text>`;
+/// partial (`P`) lines are joined with what follows them.
+pub fn log_messages(text: &str) -> Vec<String> {
+    let mut messages = Vec::new();
+    let mut partial = String::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(4, ' ');
+        let (Some(_time), Some(_stream), Some(tag)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        partial.push_str(parts.next().unwrap_or(""));
+        if tag != "P" {
+            messages.push(std::mem::take(&mut partial));
+        }
+    }
+    if !partial.is_empty() {
+        messages.push(partial);
+    }
+    messages
 }
 
 fn short(id: &str) -> String {
@@ -170,10 +184,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_lines_lose_their_prefix() {
-        assert_eq!(cri_log_content("2026-11-30T04:00:00.1Z stdout F hello world").as_deref(), Some("hello world"));
-        assert_eq!(cri_log_content("2026-11-30T04:00:00.1Z stderr F ").as_deref(), Some(""));
-        assert_eq!(cri_log_content("garbage"), None);
+    fn log_lines_lose_their_prefix_and_partials_join() {
+        let log = "2026-11-30T04:00:00.1Z stdout F hello world\n\
+                   garbage\n\
+                   2026-11-30T04:00:00.2Z stderr F \n\
+                   2026-11-30T04:00:00.3Z stdout P long \n\
+                   2026-11-30T04:00:00.4Z stdout F line\n";
+        assert_eq!(log_messages(log), ["hello world", "", "long line"]);
     }
 
     #[test]

@@ -197,7 +197,7 @@ impl Importer {
         // verifies a big blob.
         let result = loop {
             tokio::select! {
-                res = &mut job => break res.unwrap_or_else(|e| Err(anyhow!("the import thread failed: {e}"))),
+                res = &mut job => break res.unwrap_or_else(|e| Err(anyhow::Error::new(Unavailable(format!("the import thread failed: {e}"))))),
                 _ = tick.tick() => progress(done.load(Ordering::Relaxed).min(total), total),
             }
         };
@@ -285,13 +285,16 @@ pub fn is_transient(err: &anyhow::Error) -> bool {
     err.chain().any(|e| e.is::<Unavailable>())
 }
 
+/// containerd's answer as an error. Only answers about the content itself (invalid, missing,
+/// conflicting) blame the tarball; anything else, including a connection dropped mid-stream (which
+/// tonic reports as Unknown or Internal), is worth trying again.
 fn status_error(op: &str, s: Status) -> anyhow::Error {
     let msg = format!("{op}: containerd: {} ({:?})", s.message(), s.code());
     match s.code() {
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::ResourceExhausted | Code::Aborted => {
-            anyhow::Error::new(Unavailable(msg))
+        Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition | Code::OutOfRange => {
+            anyhow!(msg)
         }
-        _ => anyhow!(msg),
+        _ => anyhow::Error::new(Unavailable(msg)),
     }
 }
 
@@ -358,13 +361,23 @@ impl GrpcStore {
 }
 
 impl Store for GrpcStore {
+    /// A blob found here is also added to the import's lease: it may be unreferenced (left by an
+    /// earlier failed import), and garbage collection must not take it before the image points at it.
     fn info(&self, digest: &str) -> Result<Option<HashMap<String, String>>> {
         let req = self.req(api::InfoRequest { digest: digest.to_string() });
-        match self.handle.block_on(self.content().info(req)) {
-            Ok(resp) => Ok(Some(resp.into_inner().info.map(|i| i.labels).unwrap_or_default())),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(status_error(&format!("looking up {digest}"), s)),
-        }
+        let labels = match self.handle.block_on(self.content().info(req)) {
+            Ok(resp) => resp.into_inner().info.map(|i| i.labels).unwrap_or_default(),
+            Err(s) if s.code() == Code::NotFound => return Ok(None),
+            Err(s) => return Err(status_error(&format!("looking up {digest}"), s)),
+        };
+        let hold = api::AddResourceRequest {
+            id: self.lease.clone(),
+            resource: Some(api::Resource { id: digest.to_string(), r#type: "content".into() }),
+        };
+        self.handle
+            .block_on(LeasesClient::new(self.importer.channel.clone()).add_resource(self.importer.unary(hold, None)))
+            .map_err(|s| status_error(&format!("holding {digest} in the import's lease"), s))?;
+        Ok(Some(labels))
     }
 
     fn begin(&self, expected: Option<(&str, u64)>) -> Result<Option<Box<dyn BlobWriter + '_>>> {
@@ -520,7 +533,9 @@ impl GrpcWriter<'_> {
                 };
                 match ended {
                     Ok(Err(s)) => Err(status_error("writing content", s)),
-                    Ok(Ok(_)) => Err(anyhow!("writing content: containerd ended the write early")),
+                    Ok(Ok(_)) => {
+                        Err(anyhow::Error::new(Unavailable("writing content: containerd ended the write early".into())))
+                    }
                     Err(e) => Err(anyhow!("writing content: {e}")),
                 }
             }

@@ -79,6 +79,9 @@ impl Config {
     }
     /// Fails fast when the runtime cannot be started at all (no containerd, no runc).
     pub fn check(&self) -> Result<()> {
+        if self.cni_bin_dir.is_none() {
+            net::check_host()?;
+        }
         match &self.endpoint {
             Some(endpoint) => cri::socket_path(endpoint).map(drop),
             None => containerd::find_binaries(self.containerd_bin.as_deref()).map(drop),
@@ -116,25 +119,16 @@ pub async fn start(cfg: &Config, shutdown: CancellationToken) -> Result<Runtime>
         }
     };
     let cri = Cri::new(&socket);
-    let readiness =
-        cri.readiness().await.with_context(|| format!("asking the runtime at {} for its status", cri.endpoint()))?;
-    tracing::info!("container runtime {} (CRI {}) at {}", readiness.runtime, readiness.api_version, cri.endpoint());
-    if let Some(problem) = &readiness.problem {
-        tracing::warn!("the container runtime is not ready yet: {problem}");
-    }
-
-    // Images are imported through containerd's own API; another CRI runtime brings its own.
-    let importer = if readiness.runtime.starts_with("containerd") {
-        let importer = images::Importer::new(images::connect(&socket).await?);
-        importer.import_bytes(&pause_image_tar()).await.context("importing the built-in sandbox image")?;
-        Some(importer)
-    } else {
-        tracing::warn!(
-            "{} is not containerd: air-gapped images in {} are not imported",
-            readiness.runtime,
-            cfg.images_dir().display()
-        );
-        None
+    let importer = match prepare(cfg, &cri, &socket).await {
+        Ok(importer) => importer,
+        Err(e) => {
+            // containerd must not outlive a runtime that failed to come up.
+            if let Some(s) = supervisor {
+                shutdown.cancel();
+                let _ = s.done.await;
+            }
+            return Err(e);
+        }
     };
 
     let watcher = importer.map(|importer| {
@@ -157,6 +151,32 @@ pub async fn start(cfg: &Config, shutdown: CancellationToken) -> Result<Runtime>
         }
     });
     Ok(Runtime { done })
+}
+
+/// Checks the runtime's readiness and imports the sandbox image; returns the importer for the
+/// images directory when the runtime is containerd.
+async fn prepare(cfg: &Config, cri: &Cri, socket: &Path) -> Result<Option<images::Importer>> {
+    let readiness =
+        cri.readiness().await.with_context(|| format!("asking the runtime at {} for its status", cri.endpoint()))?;
+    tracing::info!("container runtime {} (CRI {}) at {}", readiness.runtime, readiness.api_version, cri.endpoint());
+    if let Some(problem) = &readiness.problem {
+        tracing::warn!("the container runtime is not ready yet: {problem}");
+    }
+
+    // Images are imported through containerd's own API; another CRI runtime brings its own.
+    let importer = if readiness.runtime.starts_with("containerd") {
+        let importer = images::Importer::new(images::connect(socket).await?);
+        importer.import_bytes(&pause_image_tar()).await.context("importing the built-in sandbox image")?;
+        Some(importer)
+    } else {
+        tracing::warn!(
+            "{} is not containerd: air-gapped images in {} are not imported",
+            readiness.runtime,
+            cfg.images_dir().display()
+        );
+        None
+    };
+    Ok(importer)
 }
 
 /// The containerd socket for helper commands: the embedded one under `data_dir` unless an endpoint is given.
