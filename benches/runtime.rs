@@ -12,7 +12,8 @@
 //! 3. Importing a 100 MiB image tarball: `cairn images import` vs `ctr images import`.
 //!
 //! Nothing is asserted; figures go to stdout and `target/bench-runtime.json`.
-//! Environment: `CAIRN_BENCH_PODS` [50], `CAIRN_BENCH_PARALLEL` [10], `CAIRN_BENCH_ROUNDS` [2].
+//! Environment: `CAIRN_BENCH_PODS` [50], `CAIRN_BENCH_PARALLEL` [10], `CAIRN_BENCH_ROUNDS` [2],
+//! `CAIRN_BENCH_PARTS` [`startup,cni,import`].
 
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
@@ -204,22 +205,40 @@ fn main() -> Result<()> {
     let rounds = env_or("CAIRN_BENCH_ROUNDS", 2);
     let image = busybox_image()?;
     let scratch = tempfile::tempdir()?;
+    let parts = std::env::var("CAIRN_BENCH_PARTS").unwrap_or_else(|_| "startup,cni,import".into());
+    let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
     let mut report = json!({"pods": pods, "parallel": parallel, "rounds": rounds});
 
-    // 1. Pod start-up, cairn's CNI vs the reference plugins, alternating rounds.
-    let ref_conf = scratch.path().join("reference-net.d");
+    if part("startup") {
+        report["startup"] = startup(pods, parallel, rounds, &image, scratch.path())?;
+    }
+    if part("cni") {
+        report["cni_add"] = cni_add(pods, scratch.path())?;
+    }
+    if part("import") {
+        report["import_100mib_s"] = import(&image, scratch.path())?;
+    }
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-runtime.json");
+    std::fs::write(&out, serde_json::to_vec_pretty(&report)?)?;
+    println!("\nfigures written to {}", out.display());
+    Ok(())
+}
+
+/// Pod start-up, cairn's CNI vs the reference plugins, alternating rounds.
+fn startup(pods: usize, parallel: usize, rounds: usize, image: &[u8], scratch: &Path) -> Result<Value> {
+    let ref_conf = scratch.join("reference-net.d");
     reference_conflist(&ref_conf, "10.61.0.0/24", "cnibench0")?;
     let mut figures: Vec<(String, Vec<Value>)> = Vec::new();
     for round in 0..rounds {
         for (label, reference) in [("cairn", None), ("reference", Some(ref_conf.as_path()))] {
             let cidr = if reference.is_some() { "10.61.0.0/16" } else { "10.60.0.0/16" };
-            let node = Cairn::start(cidr, reference, &image)?;
+            let node = Cairn::start(cidr, reference, image)?;
             let f = node.bench_cri(pods, parallel)?;
             println!("round {round} {label}: {}", serde_json::to_string(&f)?);
             figures.push((label.to_string(), f));
         }
     }
-    println!("\npod start-up through CRI ({pods} pods; medians of {rounds} rounds' p50/p99, ms)");
+    println!("\npod start-up through CRI ({pods} pods; p50/p99 averaged over {rounds} rounds, ms)");
     println!("{:<28} {:>12} {:>12} {:>12} {:>12}", "scenario", "cairn p50", "ref p50", "cairn p99", "ref p99");
     let mut startup = Vec::new();
     for scenario in ["sequential", &format!("{parallel} in parallel")] {
@@ -231,7 +250,7 @@ fn main() -> Result<()> {
                     f.iter().filter(|x| x["scenario"] == *scenario).map(|x| x[key].as_f64().unwrap_or(0.0))
                 })
                 .collect();
-            pct(&sorted_ms(v), 50.0)
+            v.iter().sum::<f64>() / v.len().max(1) as f64
         };
         let row = [
             pick("cairn", "total_p50_ms"),
@@ -256,21 +275,22 @@ fn main() -> Result<()> {
             "sandbox_cairn_p50_ms": sandbox[0], "sandbox_reference_p50_ms": sandbox[1]}),
         );
     }
-    report["startup"] = json!(startup);
+    Ok(json!(startup))
+}
 
-    // 2. CNI ADD alone.
-    let bin = scratch.path().join("cni-bin");
+/// CNI ADD alone, cairn's plugin vs the reference bridge + host-local.
+fn cni_add(n: usize, scratch: &Path) -> Result<Value> {
+    let bin = scratch.join("cni-bin");
     std::fs::create_dir_all(&bin)?;
     let cairn_plugin = bin.join("cairn-cni");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &cairn_plugin)?;
-    let cairn_conf = json!({"cniVersion": "1.0.0", "name": "cairnbench", "type": "cairn-cni", "bridge": "cnibench1",
+    let cairn_conf = json!({"cniVersion": "1.0.0", "name": "cbench", "type": "cairn-cni", "bridge": "cnibench1",
         "subnet": "10.62.0.0/24", "clusterCIDR": "10.62.0.0/16", "mtu": 1500, "hairpinMode": true, "ipMasq": true,
-        "stateDir": scratch.path().join("cairn-cni").display().to_string()});
+        "stateDir": scratch.join("cairn-cni").display().to_string()});
     let ref_plugin_conf = json!({"cniVersion": "1.0.0", "name": "refbench", "type": "bridge", "bridge": "cnibench2",
         "isGateway": true, "ipMasq": true, "hairpinMode": true,
         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.63.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}],
-                 "dataDir": scratch.path().join("ref-ipam").display().to_string()}});
-    let n = pods;
+                 "dataDir": scratch.join("ref-ipam").display().to_string()}});
     let cairn_add = cni_add_latency("cairn", &cairn_plugin, &bin, &cairn_conf, n)?;
     let ref_add = cni_add_latency(
         "reference",
@@ -287,14 +307,16 @@ fn main() -> Result<()> {
         pct(&ref_add, 99.0),
         pct(&cairn_add, 50.0) / pct(&ref_add, 50.0)
     );
-    report["cni_add"] = json!({"cairn_p50_ms": pct(&cairn_add, 50.0), "cairn_p99_ms": pct(&cairn_add, 99.0),
-        "reference_p50_ms": pct(&ref_add, 50.0), "reference_p99_ms": pct(&ref_add, 99.0)});
     for bridge in ["cnibench0", "cnibench1", "cnibench2"] {
         let _ = Command::new("ip").args(["link", "delete", bridge]).status();
     }
+    Ok(json!({"cairn_p50_ms": pct(&cairn_add, 50.0), "cairn_p99_ms": pct(&cairn_add, 99.0),
+        "reference_p50_ms": pct(&ref_add, 50.0), "reference_p99_ms": pct(&ref_add, 99.0)}))
+}
 
-    // 3. Importing a 100 MiB image.
-    let node = Cairn::start("10.60.0.0/16", None, &image)?;
+/// Importing a 100 MiB image: `cairn images import` vs `ctr images import` into the same containerd.
+fn import(image: &[u8], scratch: &Path) -> Result<Value> {
+    let node = Cairn::start("10.60.0.0/16", None, image)?;
     let mut noise = vec![0u8; 100 << 20];
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     for chunk in noise.chunks_mut(8) {
@@ -307,7 +329,7 @@ fn main() -> Result<()> {
     for (i, label) in ["cairn", "ctr"].iter().enumerate() {
         let reference = format!("docker.io/cairn-bench/big:{label}");
         let tar = oci_image::ImageBuilder::new(&reference).file(&format!("/data-{i}"), &noise, 0o644).oci_layout_tar();
-        let path = scratch.path().join(format!("big-{label}.tar"));
+        let path = scratch.join(format!("big-{label}.tar"));
         std::fs::write(&path, &tar)?;
         let begin = Instant::now();
         let status = if *label == "cairn" {
@@ -328,11 +350,5 @@ fn main() -> Result<()> {
         println!("import of a {:.0} MiB tarball with {label}: {took:.2} s", tar.len() as f64 / 1048576.0);
         imports[label] = json!(took);
     }
-    report["import_100mib_s"] = imports;
-    drop(node);
-
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-runtime.json");
-    std::fs::write(&out, serde_json::to_vec_pretty(&report)?)?;
-    println!("\nfigures written to {}", out.display());
-    Ok(())
+    Ok(imports)
 }
