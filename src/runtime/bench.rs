@@ -94,14 +94,31 @@ async fn start_pod(cri: &Cri, plan: &Plan, name: &str, logs: &std::path::Path) -
         .await
         .with_context(|| format!("RunPodSandbox {name}"))?
         .pod_sandbox_id;
+    match start_container(cri, plan, name, &sandbox_id, config).await {
+        Ok(sandbox) => Ok(Started { sandbox_id, sandbox: sandbox - begin, total: begin.elapsed() }),
+        Err(e) => {
+            cleanup(cri, &[Started { sandbox_id, sandbox: Duration::ZERO, total: Duration::ZERO }]).await;
+            Err(e)
+        }
+    }
+}
+
+/// The rest of a pod's start in its sandbox; returns when the sandbox's address was known.
+async fn start_container(
+    cri: &Cri,
+    plan: &Plan,
+    name: &str,
+    sandbox_id: &str,
+    config: cri::PodSandboxConfig,
+) -> Result<Instant> {
     // As kubelet does, ask for the sandbox's address before starting containers.
     let status = cri
-        .pod_sandbox_status(cri::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.clone(), verbose: false })
+        .pod_sandbox_status(cri::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.into(), verbose: false })
         .await?;
     if status.status.and_then(|s| s.network).is_none_or(|n| n.ip.is_empty()) {
         anyhow::bail!("sandbox {name} got no IP address");
     }
-    let sandbox = begin.elapsed();
+    let addressed = Instant::now();
     let container = cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata { name: "main".into(), attempt: 0 }),
         image: Some(cri::ImageSpec { image: plan.image.clone(), ..Default::default() }),
@@ -111,7 +128,7 @@ async fn start_pod(cri: &Cri, plan: &Plan, name: &str, logs: &std::path::Path) -
     };
     let created = cri
         .create_container(cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox_id.clone(),
+            pod_sandbox_id: sandbox_id.into(),
             config: Some(container),
             sandbox_config: Some(config),
         })
@@ -120,7 +137,7 @@ async fn start_pod(cri: &Cri, plan: &Plan, name: &str, logs: &std::path::Path) -
     cri.start_container(cri::StartContainerRequest { container_id: created.container_id })
         .await
         .with_context(|| format!("StartContainer in {name}"))?;
-    Ok(Started { sandbox_id, sandbox, total: begin.elapsed() })
+    Ok(addressed)
 }
 
 async fn cleanup(cri: &Cri, pods: &[Started]) {
