@@ -404,6 +404,7 @@ fn run_images(args: ImagesArgs) -> Result<()> {
         for file in &files {
             let started = std::time::Instant::now();
             let progress = runtime::images::progress_logger(file);
+            let before = importer.stats();
             match importer.import_file(file, &progress).await {
                 Ok(images) => {
                     for image in images {
@@ -415,6 +416,13 @@ fn run_images(args: ImagesArgs) -> Result<()> {
                             started.elapsed()
                         );
                     }
+                    let after = importer.stats();
+                    println!(
+                        "  {} blobs written ({:.1} MiB), {} already present",
+                        after.blobs_written - before.blobs_written,
+                        (after.bytes_written - before.bytes_written) as f64 / 1048576.0,
+                        after.blobs_skipped - before.blobs_skipped
+                    );
                 }
                 Err(e) => {
                     eprintln!("cairn: {}: {e:#}", file.display());

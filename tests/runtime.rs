@@ -343,6 +343,11 @@ fn pods_get_addresses_talk_and_survive_a_containerd_crash() {
     let bad = node.cairn(&["images", "import", &node.data.join("agent/images/corrupt.tar").display().to_string()]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("corrupt.tar"), "{bad:?}");
+    // Importing what is already there writes nothing.
+    let again = node.cairn(&["images", "import", &node.data.join("agent/images/busybox.tar").display().to_string()]);
+    let out = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success() && out.contains(&format!("imported {BUSYBOX}")), "{again:?}");
+    assert!(out.contains("0 blobs written (0.0 MiB), 3 already present"), "{out}");
 
     // containerd killed with SIGKILL: cairn restarts it; the containers keep running untouched.
     let old = node.containerd_pid().expect("containerd pid file");

@@ -89,7 +89,6 @@ pub struct Imported {
 }
 
 /// Totals since the importer was created (shared by its clones).
-#[allow(dead_code, reason = "read by tests and diagnostics")]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ImportStats {
     /// Blobs committed to the content store.
@@ -132,13 +131,13 @@ impl Importer {
     }
 
     /// Another containerd namespace than `k8s.io`.
-    #[allow(dead_code, reason = "cairn imports into the CRI namespace only")]
+    #[cfg(test)]
+    #[allow(dead_code, reason = "used by tests/containerd_images.rs")]
     pub fn with_namespace(mut self, namespace: &str) -> Self {
         self.namespace = namespace.into();
         self
     }
 
-    #[allow(dead_code, reason = "read by tests and diagnostics")]
     pub fn stats(&self) -> ImportStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
