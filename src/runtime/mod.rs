@@ -166,7 +166,11 @@ async fn prepare(cfg: &Config, cri: &Cri, socket: &Path) -> Result<Option<images
     // Images are imported through containerd's own API; another CRI runtime brings its own.
     let importer = if readiness.runtime.starts_with("containerd") {
         let importer = images::Importer::new(images::connect(socket).await?);
-        importer.import_bytes(&pause_image_tar()).await.context("importing the built-in sandbox image")?;
+        let imported =
+            importer.import_bytes(&pause_image_tar()).await.context("importing the built-in sandbox image")?;
+        for image in imported.iter().filter(|i| i.change != images::ImageChange::Unchanged) {
+            tracing::info!("imported the built-in sandbox image {} ({})", image.reference, image.digest);
+        }
         Some(importer)
     } else {
         tracing::warn!(
