@@ -1,5 +1,6 @@
 //! cairn: a single-binary, all-in-one Kubernetes-style edge cluster.
 
+mod agent;
 mod api;
 mod controllers;
 mod events;
@@ -181,6 +182,12 @@ struct ServerArgs {
     /// Directory of CNI network configurations to use instead of cairn's own
     #[arg(long)]
     cni_conf_dir: Option<PathBuf>,
+    /// Resources held back for the system from pods, e.g. cpu=500m,memory=512Mi
+    #[arg(long, default_value = "")]
+    system_reserved: String,
+    /// Resources held back for cairn itself from pods, e.g. cpu=100m,memory=128Mi
+    #[arg(long, default_value = "")]
+    kube_reserved: String,
     /// Name of this node [default: the hostname]
     #[arg(long, env = "CAIRN_NODE_NAME")]
     node_name: Option<String>,
@@ -318,8 +325,14 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         runtime.check()?;
         Some(runtime)
     };
+    let reserved = |flag: &str, value: &str| {
+        agent::node::Reserved::parse(value).map_err(|e| anyhow::anyhow!("invalid --{flag} {value:?}: {e}"))
+    };
+    let reserved =
+        reserved("system-reserved", &args.system_reserved)?.plus(&reserved("kube-reserved", &args.kube_reserved)?);
     Ok(server::ServerConfig {
         runtime,
+        reserved,
         scheduler,
         data_dir,
         bind_address: args.bind_address,

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context as _, Result, bail};
 use tokio_util::sync::CancellationToken;
 
+use crate::agent;
 use crate::api::{self, AppState, Tokens, User, pki};
 use crate::controllers;
 use crate::registry::Registry;
@@ -19,8 +20,10 @@ use crate::store::{self, Store};
 /// Everything `cairn server` needs, after flags and the config file are merged.
 #[derive(Debug)]
 pub struct ServerConfig {
-    /// The node's container runtime; `None` when the agent is disabled.
+    /// The node's container runtime and agent; `None` when the agent is disabled.
     pub runtime: Option<runtime::Config>,
+    /// `--system-reserved` plus `--kube-reserved`.
+    pub reserved: agent::node::Reserved,
     /// The scheduler's configuration; `None` when it is disabled.
     pub scheduler: Option<scheduler::Config>,
     pub data_dir: PathBuf,
@@ -87,7 +90,7 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
         tokio::spawn(async move {
             match runtime::start(&rc, stop).await {
                 Ok(rt) => {
-                    let _ = ready_tx.send(Ok(()));
+                    let _ = ready_tx.send(Ok(rt.cri));
                     let _ = rt.done.await;
                 }
                 Err(e) => {
@@ -121,7 +124,7 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
 async fn start_control_plane(
     cfg: ServerConfig,
     shutdown: CancellationToken,
-    runtime_ready: Option<tokio::sync::oneshot::Receiver<Result<()>>>,
+    runtime_ready: Option<tokio::sync::oneshot::Receiver<Result<runtime::Cri>>>,
 ) -> Result<Started> {
     std::fs::create_dir_all(cfg.data_dir.join("server"))
         .with_context(|| format!("creating the data directory {}", cfg.data_dir.display()))?;
@@ -166,12 +169,21 @@ async fn start_control_plane(
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let app = api::router(state.clone());
     let done = tokio::spawn(api::serve(listener, tls, app, shutdown.clone()));
-    if let Some(ready) = runtime_ready {
-        match ready.await {
-            Ok(Ok(())) => tracing::info!("node {}: the container runtime and pod network are ready", cfg.node_name),
+    if let (Some(ready), Some(rc)) = (runtime_ready, &cfg.runtime) {
+        let cri = match ready.await {
+            Ok(Ok(cri)) => cri,
             Ok(Err(e)) => return Err(e.context("starting the container runtime")),
             Err(_) => bail!("the container runtime's start-up task ended without an answer"),
-        }
+        };
+        tracing::info!("node {}: the container runtime and pod network are ready", cfg.node_name);
+        let agent = agent::Config {
+            node_name: cfg.node_name.clone(),
+            data_dir: cfg.data_dir.clone(),
+            node_ip: node_ips.first().copied(),
+            pod_cidr: rc.network().subnet,
+            reserved: cfg.reserved.clone(),
+        };
+        agent::start(registry.clone(), cri, agent, shutdown.clone());
     }
 
     let url = format!("https://127.0.0.1:{}", local.port());

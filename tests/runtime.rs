@@ -440,6 +440,41 @@ fn sandbox_cycles_leak_nothing_and_concurrent_adds_get_distinct_addresses() {
 }
 
 #[test]
+fn the_node_registers_ready_and_renews_its_lease() {
+    let _host = HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let node = Node::start("10.45.0.0/16", &[]);
+    let server = node.server();
+    let name = eventually(30, || {
+        let out = server.ok(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"]);
+        (!out.trim().is_empty()).then(|| out.trim().to_string())
+    });
+    let get = |path: &str| server.ok(&["get", "node", &name, "-o", &format!("jsonpath={path}")]);
+    let ready = eventually(30, || {
+        let status = get("{.status.conditions[?(@.type==\"Ready\")].status}");
+        (status == "True").then(|| get("{.status.conditions[?(@.type==\"Ready\")].reason}"))
+    });
+    assert_eq!(ready, "KubeletReady");
+    let table = server.ok(&["get", "nodes"]);
+    assert!(table.lines().nth(1).is_some_and(|l| l.split_whitespace().nth(1) == Some("Ready")), "{table}");
+    assert_eq!(get("{.status.capacity.pods}"), "110");
+    assert_eq!(get("{.spec.podCIDR}"), "10.45.0.0/24");
+    assert!(get("{.status.nodeInfo.containerRuntimeVersion}").starts_with("containerd://"));
+    assert!(get("{.status.images[*].names}").contains("localhost/cairn/pause"));
+    for t in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert_eq!(get(&format!("{{.status.conditions[?(@.type==\"{t}\")].status}}")), "False", "{t}");
+    }
+
+    // The Lease is owned by the Node and renewed every 10 s.
+    let lease =
+        |path: &str| server.ok(&["get", "lease", "-n", "kube-node-lease", &name, "-o", &format!("jsonpath={path}")]);
+    let first = eventually(30, || Some(lease("{.spec.renewTime}")).filter(|t| !t.is_empty()));
+    assert_eq!(lease("{.spec.leaseDurationSeconds}"), "40");
+    assert_eq!(lease("{.metadata.ownerReferences[0].kind}"), "Node");
+    let renewed = eventually(25, || Some(lease("{.spec.renewTime}")).filter(|t| *t != first));
+    assert!(renewed > first, "{renewed} after {first}");
+}
+
+#[test]
 fn a_missing_containerd_is_named_with_what_to_install() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_cairn"))

@@ -91,6 +91,7 @@ impl Config {
 
 /// A running runtime.
 pub struct Runtime {
+    pub cri: Cri,
     /// Resolves once the runtime side has stopped after shutdown.
     pub done: tokio::task::JoinHandle<()>,
 }
@@ -150,7 +151,7 @@ pub async fn start(cfg: &Config, shutdown: CancellationToken) -> Result<Runtime>
             let _ = s.done.await;
         }
     });
-    Ok(Runtime { done })
+    Ok(Runtime { cri, done })
 }
 
 /// Checks the runtime's readiness and imports the sandbox image; returns the importer for the

@@ -1,0 +1,176 @@
+//! The node agent (kubelet's job inside cairn). For now: it registers this machine as a Node,
+//! keeps the Node's status current (every 10 s, written on change or every 5 minutes) and renews
+//! the node's Lease in `kube-node-lease` every 10 s, whether or not the node is Ready.
+
+pub mod node;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::net::Cidr;
+use crate::registry::{Registry, WriteOptions};
+use crate::runtime::Cri;
+use node::{Inputs, Machine, Reserved};
+
+/// How often the status is computed (kubelet's `nodeStatusUpdateFrequency`).
+const STATUS_PERIOD: Duration = Duration::from_secs(10);
+/// How often an unchanged status is written anyway (kubelet's `nodeStatusReportFrequency`).
+const REPORT_PERIOD: Duration = Duration::from_secs(300);
+/// The Lease's duration; it is renewed every quarter of it.
+const LEASE_SECONDS: i64 = 40;
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// What the agent needs to know about its node.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_name: String,
+    pub data_dir: std::path::PathBuf,
+    pub node_ip: Option<IpAddr>,
+    pub pod_cidr: Cidr,
+    /// `--system-reserved` plus `--kube-reserved`.
+    pub reserved: Reserved,
+}
+
+/// Starts the node's heartbeat: status and lease loops until `shutdown`.
+pub fn start(registry: Registry, cri: Cri, cfg: Config, shutdown: CancellationToken) {
+    let machine = Machine::read(&cfg.data_dir);
+    tracing::info!(
+        "node agent: registering node {} ({} CPUs, {} MiB memory, pod CIDR {})",
+        cfg.node_name,
+        machine.cpus,
+        machine.memory_bytes >> 20,
+        cfg.pod_cidr
+    );
+    let heartbeat = Heartbeat { registry, cri, cfg, machine };
+    tokio::spawn(async move { heartbeat.run(shutdown).await });
+}
+
+struct Heartbeat {
+    registry: Registry,
+    cri: Cri,
+    cfg: Config,
+    machine: Machine,
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+impl Heartbeat {
+    async fn run(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(STATUS_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reported: Option<(Value, Instant)> = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            match self.sync_status(reported.as_ref()).await {
+                Ok(Some(status)) => reported = Some((status, Instant::now())),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("node agent: updating node {}: {e}", self.cfg.node_name),
+            }
+            if let Err(e) = self.renew_lease().await {
+                tracing::warn!("node agent: renewing the lease of node {}: {e}", self.cfg.node_name);
+            }
+        }
+    }
+
+    /// Computes the status; creates the Node or writes its status when something changed or the
+    /// report is due. Returns the status written, if any.
+    async fn sync_status(&self, reported: Option<&(Value, Instant)>) -> anyhow::Result<Option<Value>> {
+        let (runtime_version, not_ready) = match self.cri.readiness().await {
+            Ok(r) => (r.runtime, r.problem.map(|p| format!("container runtime network not ready: {p}"))),
+            Err(e) => (String::new(), Some(format!("container runtime is down: {e}"))),
+        };
+        let images = self.cri.list_images(Default::default()).await.map(|r| r.images).unwrap_or_default();
+        let now = now();
+        let inputs = Inputs {
+            name: &self.cfg.node_name,
+            machine: &self.machine,
+            reserved: &self.cfg.reserved,
+            node_ip: self.cfg.node_ip,
+            pod_cidr: self.cfg.pod_cidr,
+            runtime_version: &runtime_version,
+            not_ready,
+            images: &images,
+            now: &now,
+        };
+        let nodes = self.registry.find("", "v1", "nodes").ok_or_else(|| anyhow::anyhow!("nodes are not served"))?;
+        let current = match self.registry.get_value(&nodes, None, &self.cfg.node_name) {
+            Ok(v) => v,
+            Err(e) if e.code == 404 => {
+                let node = node::new_node(&inputs);
+                let status = node["status"].clone();
+                self.registry.create(&nodes, None, node, &WriteOptions::default()).await?;
+                tracing::info!("node agent: registered node {}", self.cfg.node_name);
+                return Ok(Some(status));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let status = node::status(&inputs, current.get("status"));
+        let due = reported.is_none_or(|(_, at)| at.elapsed() >= REPORT_PERIOD);
+        if !due && !current.get("status").is_none_or(|old| node::changed(old, &status)) {
+            return Ok(None);
+        }
+        let written = status.clone();
+        self.registry
+            .modify(&nodes, None, &self.cfg.node_name, Some("status"), move |cur| {
+                let mut node = cur.clone();
+                node["status"] = status.clone();
+                Ok(node)
+            })
+            .await?;
+        Ok(Some(written))
+    }
+
+    /// Renews (or creates) the node's Lease, owned by its Node.
+    async fn renew_lease(&self) -> anyhow::Result<()> {
+        let leases = self
+            .registry
+            .find("coordination.k8s.io", "v1", "leases")
+            .ok_or_else(|| anyhow::anyhow!("leases are not served"))?;
+        let renew = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let name = &self.cfg.node_name;
+        match self
+            .registry
+            .modify(&leases, Some(LEASE_NAMESPACE), name, None, |cur| {
+                let mut lease = cur.clone();
+                lease["spec"]["renewTime"] = json!(renew);
+                lease["spec"]["leaseDurationSeconds"] = json!(LEASE_SECONDS);
+                lease["spec"]["holderIdentity"] = json!(name);
+                Ok(lease)
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 404 => {
+                let nodes =
+                    self.registry.find("", "v1", "nodes").ok_or_else(|| anyhow::anyhow!("nodes are not served"))?;
+                let uid = self
+                    .registry
+                    .get_value(&nodes, None, name)
+                    .ok()
+                    .and_then(|n| n.pointer("/metadata/uid").cloned())
+                    .ok_or_else(|| anyhow::anyhow!("node {name} is not registered yet"))?;
+                let lease = json!({
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": name,
+                        "namespace": LEASE_NAMESPACE,
+                        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}],
+                    },
+                    "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": renew},
+                });
+                self.registry.create(&leases, Some(LEASE_NAMESPACE), lease, &WriteOptions::default()).await?;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! The Node object this agent reports: machine facts, capacity and allocatable, conditions,
+//! addresses, nodeInfo and images, built the way kubelet's status setters build them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::net::Cidr;
+use crate::runtime::cri;
+
+/// Pods per node (kubelet's `--max-pods`).
+pub const MAX_PODS: u32 = 110;
+/// kubelet's default hard eviction threshold for memory (`memory.available<100Mi`).
+const EVICTION_MEMORY_BYTES: i128 = 100 << 20;
+/// kubelet's default hard eviction threshold for the node filesystem (`nodefs.available<10%`).
+const EVICTION_NODEFS_PERCENT: i128 = 10;
+/// How many images `status.images` lists (kubelet's `nodeStatusMaxImages`).
+const MAX_IMAGES: usize = 50;
+
+/// Resources held back from pods (`--system-reserved` plus `--kube-reserved`), in milli-units.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reserved(pub BTreeMap<String, i128>);
+
+impl Reserved {
+    /// Parses `cpu=500m,memory=1Gi,ephemeral-storage=1Gi,pid=100` as kubelet does.
+    pub fn parse(s: &str) -> Result<Reserved, String> {
+        let mut out = BTreeMap::new();
+        for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, value) =
+                pair.split_once('=').ok_or_else(|| format!("{pair:?} is not name=quantity (e.g. cpu=500m)"))?;
+            if !matches!(name, "cpu" | "memory" | "ephemeral-storage" | "pid") {
+                return Err(format!("{name:?}: only cpu, memory, ephemeral-storage and pid can be reserved"));
+            }
+            let milli = crate::registry::kinds::pod_rules::parse_quantity(value)
+                .filter(|m| *m >= 0)
+                .ok_or_else(|| format!("{value:?} is not a quantity for {name}"))?;
+            out.insert(name.to_string(), milli);
+        }
+        Ok(Reserved(out))
+    }
+
+    /// The sum of two reservations.
+    pub fn plus(&self, other: &Reserved) -> Reserved {
+        let mut sum = self.0.clone();
+        for (k, v) in &other.0 {
+            *sum.entry(k.clone()).or_default() += v;
+        }
+        Reserved(sum)
+    }
+
+    fn get(&self, name: &str) -> i128 {
+        self.0.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// What the machine is, read once at start.
+#[derive(Debug, Clone, Default)]
+pub struct Machine {
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    /// Size of the filesystem holding the data directory.
+    pub ephemeral_bytes: u64,
+    /// hugepages-<size> → bytes, e.g. ("hugepages-2Mi", 0).
+    pub hugepages: Vec<(String, u64)>,
+    pub kernel: String,
+    pub os_image: String,
+    pub machine_id: String,
+    pub system_uuid: String,
+    pub boot_id: String,
+}
+
+impl Machine {
+    /// Reads the facts from /proc, /sys and /etc; anything unreadable is left empty or zero.
+    pub fn read(data_dir: &Path) -> Machine {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
+        let meminfo = read("/proc/meminfo");
+        // SAFETY: sysconf has no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
+        Machine {
+            cpus,
+            memory_bytes: mem_total_bytes(&meminfo),
+            ephemeral_bytes: filesystem_bytes(data_dir),
+            hugepages: hugepages(),
+            kernel: read("/proc/sys/kernel/osrelease"),
+            os_image: os_image(&read("/etc/os-release")),
+            machine_id: read("/etc/machine-id"),
+            system_uuid: read("/sys/class/dmi/id/product_uuid"),
+            boot_id: read("/proc/sys/kernel/random/boot_id"),
+        }
+    }
+}
+
+fn mem_total_bytes(meminfo: &str) -> u64 {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn os_image(os_release: &str) -> String {
+    os_release
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| "Linux".into())
+}
+
+fn filesystem_bytes(path: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return 0 };
+    // SAFETY: statvfs writes into the zeroed struct we pass; the path is a valid C string.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return 0;
+        }
+        st.f_blocks * st.f_frsize
+    }
+}
+
+fn hugepages() -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for (dir, name, size) in
+        [("hugepages-2048kB", "hugepages-2Mi", 2u64 << 20), ("hugepages-1048576kB", "hugepages-1Gi", 1 << 30)]
+    {
+        let count = std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/{dir}/nr_hugepages"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        if let Some(count) = count {
+            out.push((name.to_string(), count * size));
+        }
+    }
+    out
+}
+
+/// Kubernetes' name for this CPU architecture.
+pub fn architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "arm" => "arm",
+        "riscv64" => "riscv64",
+        "powerpc64" => "ppc64le",
+        "s390x" => "s390x",
+        other => other,
+    }
+}
+
+/// Everything the status is made from at one moment.
+pub struct Inputs<'a> {
+    pub name: &'a str,
+    pub machine: &'a Machine,
+    pub reserved: &'a Reserved,
+    pub node_ip: Option<IpAddr>,
+    pub pod_cidr: Cidr,
+    /// The runtime's version string (`containerd://1.6.20`), or empty when it did not answer.
+    pub runtime_version: &'a str,
+    /// Why the node is not ready, if it is not: kubelet's `KubeletNotReady` message.
+    pub not_ready: Option<String>,
+    pub images: &'a [cri::Image],
+    /// RFC 3339, seconds.
+    pub now: &'a str,
+}
+
+/// The Node object to create: metadata, spec and status.
+pub fn new_node(inputs: &Inputs) -> Value {
+    let arch = architecture();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": inputs.name,
+            "labels": {
+                "kubernetes.io/hostname": inputs.name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": arch,
+                "beta.kubernetes.io/os": "linux",
+                "beta.kubernetes.io/arch": arch,
+                "node-role.kubernetes.io/control-plane": "true",
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"podCIDR": inputs.pod_cidr.to_string(), "podCIDRs": [inputs.pod_cidr.to_string()]},
+        "status": status(inputs, None),
+    })
+}
+
+/// The node's status; condition transition times are kept from `previous` while a condition holds.
+pub fn status(inputs: &Inputs, previous: Option<&Value>) -> Value {
+    let m = inputs.machine;
+    let mut capacity = BTreeMap::from([
+        ("cpu".to_string(), m.cpus.to_string()),
+        ("memory".to_string(), format!("{}Ki", m.memory_bytes / 1024)),
+        ("pods".to_string(), MAX_PODS.to_string()),
+        ("ephemeral-storage".to_string(), format!("{}Ki", m.ephemeral_bytes / 1024)),
+    ]);
+    for (name, bytes) in &m.hugepages {
+        capacity.insert(name.clone(), bytes.to_string());
+    }
+    let r = inputs.reserved;
+    let cpu_milli = (i128::from(m.cpus) * 1000 - r.get("cpu")).max(0);
+    let memory = (i128::from(m.memory_bytes) - r.get("memory") / 1000 - EVICTION_MEMORY_BYTES).max(0);
+    let disk = i128::from(m.ephemeral_bytes);
+    let ephemeral = (disk - r.get("ephemeral-storage") / 1000 - disk * EVICTION_NODEFS_PERCENT / 100).max(0);
+    let mut allocatable = capacity.clone();
+    allocatable.insert(
+        "cpu".into(),
+        if cpu_milli % 1000 == 0 { (cpu_milli / 1000).to_string() } else { format!("{cpu_milli}m") },
+    );
+    allocatable.insert("memory".into(), format!("{}Ki", memory / 1024));
+    allocatable.insert("ephemeral-storage".into(), ephemeral.to_string());
+
+    let (ready, reason, message) = match &inputs.not_ready {
+        None => ("True", "KubeletReady", "kubelet is posting ready status".to_string()),
+        Some(why) => ("False", "KubeletNotReady", why.clone()),
+    };
+    let conditions = [
+        (
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available".to_string(),
+        ),
+        ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure".to_string()),
+        ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available".to_string()),
+        ("Ready", ready, reason, message),
+    ];
+    let previous_transition = |kind: &str, status: &str| {
+        previous?
+            .pointer("/conditions")?
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == kind && c["status"] == status)?
+            .get("lastTransitionTime")
+            .cloned()
+    };
+    let conditions: Vec<Value> = conditions
+        .into_iter()
+        .map(|(kind, status, reason, message)| {
+            json!({
+                "type": kind,
+                "status": status,
+                "lastHeartbeatTime": inputs.now,
+                "lastTransitionTime": previous_transition(kind, status).unwrap_or_else(|| json!(inputs.now)),
+                "reason": reason,
+                "message": message,
+            })
+        })
+        .collect();
+
+    let mut addresses = Vec::new();
+    if let Some(ip) = inputs.node_ip {
+        addresses.push(json!({"type": "InternalIP", "address": ip.to_string()}));
+    }
+    addresses.push(json!({"type": "Hostname", "address": inputs.name}));
+
+    let mut images: Vec<&cri::Image> =
+        inputs.images.iter().filter(|i| !i.repo_tags.is_empty() || !i.repo_digests.is_empty()).collect();
+    images.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.id.cmp(&b.id)));
+    let images: Vec<Value> = images
+        .into_iter()
+        .take(MAX_IMAGES)
+        .map(|i| json!({"names": i.repo_digests.iter().chain(&i.repo_tags).collect::<Vec<_>>(), "sizeBytes": i.size}))
+        .collect();
+
+    json!({
+        "capacity": capacity,
+        "allocatable": allocatable,
+        "conditions": conditions,
+        "addresses": addresses,
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "nodeInfo": {
+            "machineID": m.machine_id,
+            "systemUUID": m.system_uuid,
+            "bootID": m.boot_id,
+            "kernelVersion": m.kernel,
+            "osImage": m.os_image,
+            "containerRuntimeVersion": inputs.runtime_version,
+            "kubeletVersion": format!("{}+cairn-{}", crate::api::KUBERNETES_VERSION, env!("CARGO_PKG_VERSION")),
+            "kubeProxyVersion": "",
+            "operatingSystem": "linux",
+            "architecture": architecture(),
+        },
+        "images": images,
+    })
+}
+
+/// Whether two statuses differ in anything but heartbeat times (kubelet patches only then, or when
+/// the periodic report is due).
+pub fn changed(old: &Value, new: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {
+            for c in conds {
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("lastHeartbeatTime");
+                }
+            }
+        }
+        v
+    };
+    strip(old) != strip(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine() -> Machine {
+        Machine {
+            cpus: 4,
+            memory_bytes: 8 << 30,
+            ephemeral_bytes: 100 << 30,
+            hugepages: vec![("hugepages-2Mi".into(), 0)],
+            kernel: "6.1.0".into(),
+            os_image: "Debian GNU/Linux 12 (bookworm)".into(),
+            ..Default::default()
+        }
+    }
+
+    fn inputs<'a>(m: &'a Machine, r: &'a Reserved, not_ready: Option<String>, now: &'a str) -> Inputs<'a> {
+        Inputs {
+            name: "n1",
+            machine: m,
+            reserved: r,
+            node_ip: Some("192.0.2.10".parse().unwrap()),
+            pod_cidr: "10.42.0.0/24".parse().unwrap(),
+            runtime_version: "containerd://1.6.20",
+            not_ready,
+            images: &[],
+            now,
+        }
+    }
+
+    #[test]
+    fn reservations_parse_and_add() {
+        let sys = Reserved::parse("cpu=500m, memory=1Gi").unwrap();
+        let kube = Reserved::parse("cpu=250m").unwrap();
+        assert_eq!(sys.plus(&kube).get("cpu"), 750);
+        assert_eq!(sys.get("memory"), (1i128 << 30) * 1000);
+        assert!(Reserved::parse("gpu=1").unwrap_err().contains("only cpu"));
+        assert!(Reserved::parse("cpu").is_err());
+        assert!(Reserved::parse("memory=lots").is_err());
+        assert_eq!(Reserved::parse("").unwrap(), Reserved::default());
+    }
+
+    #[test]
+    fn allocatable_subtracts_reservations_and_eviction_thresholds() {
+        let m = machine();
+        let r = Reserved::parse("cpu=500m,memory=1Gi,ephemeral-storage=10Gi").unwrap();
+        let s = status(&inputs(&m, &r, None, "2026-11-30T00:00:00Z"), None);
+        assert_eq!(s["capacity"]["cpu"], "4");
+        assert_eq!(s["capacity"]["memory"], format!("{}Ki", 8 << 20));
+        assert_eq!(s["capacity"]["pods"], "110");
+        assert_eq!(s["allocatable"]["cpu"], "3500m");
+        // 8 GiB - 1 GiB reserved - 100 MiB eviction threshold.
+        assert_eq!(s["allocatable"]["memory"], format!("{}Ki", (7 << 20) - 100 * 1024));
+        // 100 GiB - 10 GiB reserved - 10 % eviction threshold.
+        assert_eq!(s["allocatable"]["ephemeral-storage"], (80i128 << 30).to_string());
+        assert_eq!(s["allocatable"]["hugepages-2Mi"], "0");
+        assert_eq!(s["nodeInfo"]["containerRuntimeVersion"], "containerd://1.6.20");
+        assert_eq!(s["addresses"][0], json!({"type": "InternalIP", "address": "192.0.2.10"}));
+    }
+
+    #[test]
+    fn conditions_carry_upstream_reasons_and_keep_transition_times() {
+        let (m, r) = (machine(), Reserved::default());
+        let first = status(&inputs(&m, &r, None, "2026-11-30T00:00:00Z"), None);
+        let ready =
+            |s: &Value| s["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+        assert_eq!(ready(&first)["reason"], "KubeletReady");
+        assert_eq!(first["conditions"][0]["reason"], "KubeletHasSufficientMemory");
+
+        let later = status(&inputs(&m, &r, None, "2026-11-30T00:00:10Z"), Some(&first));
+        assert_eq!(ready(&later)["lastTransitionTime"], "2026-11-30T00:00:00Z");
+        assert_eq!(ready(&later)["lastHeartbeatTime"], "2026-11-30T00:00:10Z");
+        assert!(!changed(&first, &later), "only heartbeats moved");
+
+        let down =
+            status(&inputs(&m, &r, Some("container runtime is down".into()), "2026-11-30T00:00:20Z"), Some(&later));
+        assert_eq!(ready(&down)["status"], "False");
+        assert_eq!(ready(&down)["reason"], "KubeletNotReady");
+        assert_eq!(ready(&down)["lastTransitionTime"], "2026-11-30T00:00:20Z");
+        assert!(changed(&later, &down));
+    }
+
+    #[test]
+    fn machine_facts_parse() {
+        assert_eq!(mem_total_bytes("MemTotal:       24588524 kB\nMemFree: 1 kB\n"), 24588524 * 1024);
+        assert_eq!(
+            os_image("NAME=\"Debian\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n"),
+            "Debian GNU/Linux 12 (bookworm)"
+        );
+        assert_eq!(os_image(""), "Linux");
+        assert!(filesystem_bytes(Path::new("/")) > 0);
+    }
+}
