@@ -43,12 +43,45 @@ fn bad_flags_fail_with_the_flag_named() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid write-kubeconfig-mode"));
     let out = cairn(&["server", "--data-dir", data.to_str().unwrap(), "--cluster-cidr", "10.42.0.0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid cluster-cidr"));
+    for (flag, value, hint) in [
+        ("--system-reserved", "gpu=1", "only cpu, memory, ephemeral-storage and pid"),
+        ("--kube-reserved", "memory=lots", "not a quantity"),
+    ] {
+        let out = cairn(&["server", "--data-dir", data.to_str().unwrap(), flag, value]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&format!("invalid {flag}")) && err.contains(hint), "{err}");
+    }
+    // With the agent, the pod network must be IPv4 and big enough for a subnet.
+    let out = cairn(&[
+        "server",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--disable-agent=false",
+        "--cluster-cidr",
+        "10.42.0.0/31",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("/30 or larger"), "{err}");
     let cfg = dir.path().join("bad.yaml");
     std::fs::write(&cfg, "no-such-flag: 1\n").unwrap();
     let out = cairn(&["server", "--config", cfg.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml") && err.contains("no-such-flag"), "{err}");
+}
+
+#[test]
+fn runtime_helpers_without_a_runtime_say_where_they_looked() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    for args in
+        [&["ctr", "pods"][..], &["ctr", "ps", "-a"], &["ctr", "images"], &["images", "import", "/nonexistent.tar"]]
+    {
+        let out = cairn(&[args, &["--data-dir", data]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains("containerd.sock") && !err.contains("panicked"), "{args:?}: {err}");
+    }
 }
 
 #[test]
