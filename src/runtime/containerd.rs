@@ -46,7 +46,17 @@ impl Layout {
     pub fn root(&self) -> PathBuf {
         self.dir.join("root")
     }
+    /// containerd's state (task bundles, FIFOs): on tmpfs under `/run` when cairn runs as root, so
+    /// container starts do not wear the flash, in a folder named after the data directory so that
+    /// several cairns never share one; under the data directory otherwise.
     pub fn state(&self) -> PathBuf {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 && Path::new("/run").is_dir() {
+            use sha2::Digest as _;
+            let hash = sha2::Sha256::digest(self.dir.as_os_str().as_encoded_bytes());
+            let id: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            return PathBuf::from("/run/cairn/containerd").join(id);
+        }
         self.dir.join("state")
     }
     pub fn socket(&self) -> PathBuf {
