@@ -188,6 +188,9 @@ struct ServerArgs {
     /// Resources held back for cairn itself from pods, e.g. cpu=100m,memory=128Mi
     #[arg(long, default_value = "")]
     kube_reserved: String,
+    /// Port of the node agent's /healthz on 127.0.0.1 (0 turns it off)
+    #[arg(long, default_value_t = 10248)]
+    healthz_port: u16,
     /// Name of this node [default: the hostname]
     #[arg(long, env = "CAIRN_NODE_NAME")]
     node_name: Option<String>,
@@ -333,6 +336,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     Ok(server::ServerConfig {
         runtime,
         reserved,
+        healthz_port: args.healthz_port,
         scheduler,
         data_dir,
         bind_address: args.bind_address,

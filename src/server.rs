@@ -24,6 +24,8 @@ pub struct ServerConfig {
     pub runtime: Option<runtime::Config>,
     /// `--system-reserved` plus `--kube-reserved`.
     pub reserved: agent::node::Reserved,
+    /// The agent's `/healthz` port on 127.0.0.1 (0: none).
+    pub healthz_port: u16,
     /// The scheduler's configuration; `None` when it is disabled.
     pub scheduler: Option<scheduler::Config>,
     pub data_dir: PathBuf,
@@ -182,6 +184,7 @@ async fn start_control_plane(
             node_ip: node_ips.first().copied(),
             pod_cidr: rc.network().subnet,
             reserved: cfg.reserved.clone(),
+            healthz_port: cfg.healthz_port,
         };
         agent::start(registry.clone(), cri, agent, shutdown.clone());
     }

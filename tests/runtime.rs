@@ -53,6 +53,10 @@ struct Node {
 impl Node {
     /// Starts cairn on `cluster_cidr` (a /16) with `images` placed in its images directory first.
     fn start(cluster_cidr: &str, images: &[(&str, &[u8])]) -> Node {
+        Node::start_with(cluster_cidr, images, &[])
+    }
+
+    fn start_with(cluster_cidr: &str, images: &[(&str, &[u8])], extra: &[&str]) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let images_dir = data.join("agent/images");
@@ -62,7 +66,7 @@ impl Node {
         }
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let cri = rt.block_on(async { Cri::new(&data.join("agent/containerd/containerd.sock")) });
-        let args = ["--disable-agent=false", "--cluster-cidr", cluster_cidr];
+        let args = [&["--disable-agent=false", "--cluster-cidr", cluster_cidr][..], extra].concat();
         let server = Server::start_with(dir, &args);
         let base: Ipv4Addr = cluster_cidr.split('/').next().unwrap().parse().unwrap();
         Node { server: Some(server), cri, rt, data, subnet: base }
@@ -236,9 +240,13 @@ fn alive(pid: u32) -> bool {
 }
 
 fn http_get(addr: &str) -> std::io::Result<String> {
+    http(addr, "/")
+}
+
+fn http(addr: &str, path: &str) -> std::io::Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(3))?;
     stream.set_read_timeout(Some(Duration::from_secs(3)))?;
-    write!(stream, "GET / HTTP/1.0\r\nHost: test\r\n\r\n")?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n")?;
     let mut body = String::new();
     stream.read_to_string(&mut body)?;
     Ok(body)
@@ -442,8 +450,11 @@ fn sandbox_cycles_leak_nothing_and_concurrent_adds_get_distinct_addresses() {
 #[test]
 fn the_node_registers_ready_and_renews_its_lease() {
     let _host = HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let node = Node::start("10.45.0.0/16", &[]);
+    let healthz = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let node = Node::start_with("10.45.0.0/16", &[], &["--healthz-port", &healthz.to_string()]);
     let server = node.server();
+    let health = retry(10, || http(&format!("127.0.0.1:{healthz}"), "/healthz"));
+    assert!(health.starts_with("HTTP/1.0 200") && health.ends_with("ok"), "{health}");
     let name = eventually(30, || {
         let out = server.ok(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"]);
         (!out.trim().is_empty()).then(|| out.trim().to_string())

@@ -1,11 +1,14 @@
 //! The node agent (kubelet's job inside cairn). For now: it registers this machine as a Node,
-//! keeps the Node's status current (every 10 s, written on change or every 5 minutes) and renews
-//! the node's Lease in `kube-node-lease` every 10 s, whether or not the node is Ready.
+//! keeps the Node's status current (every 10 s, written on change or every 5 minutes), renews the
+//! node's Lease in `kube-node-lease` every 10 s whether or not the node is Ready, and answers
+//! `/healthz` on 127.0.0.1 (kubelet's port 10248) while that heartbeat keeps going.
 
 pub mod node;
 
-use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -32,6 +35,30 @@ pub struct Config {
     pub pod_cidr: Cidr,
     /// `--system-reserved` plus `--kube-reserved`.
     pub reserved: Reserved,
+    /// Port of `/healthz` on 127.0.0.1; 0 turns it off.
+    pub healthz_port: u16,
+}
+
+/// `/healthz` fails once the heartbeat has not completed for this long.
+const HEALTHZ_STALE: Duration = Duration::from_secs(60);
+
+/// When the heartbeat last completed (seconds since the epoch).
+#[derive(Default)]
+struct Health(AtomicU64);
+
+impl Health {
+    fn beat(&self) {
+        self.0.store(unix_now(), Ordering::Relaxed);
+    }
+    /// `None` when healthy, else how long since the last completed heartbeat.
+    fn stale_for(&self) -> Option<u64> {
+        let age = unix_now().saturating_sub(self.0.load(Ordering::Relaxed));
+        (age > HEALTHZ_STALE.as_secs()).then_some(age)
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Starts the node's heartbeat: status and lease loops until `shutdown`.
@@ -44,8 +71,44 @@ pub fn start(registry: Registry, cri: Cri, cfg: Config, shutdown: CancellationTo
         machine.memory_bytes >> 20,
         cfg.pod_cidr
     );
-    let heartbeat = Heartbeat { registry, cri, cfg, machine };
+    let health = Arc::new(Health::default());
+    health.beat();
+    if cfg.healthz_port != 0 {
+        tokio::spawn(serve_healthz(cfg.healthz_port, health.clone(), shutdown.clone()));
+    }
+    let heartbeat = Heartbeat { registry, cri, cfg, machine, health };
     tokio::spawn(async move { heartbeat.run(shutdown).await });
+}
+
+/// Answers `GET /healthz` with `ok`, or 500 when the heartbeat is stale. Another process on the port
+/// only costs this endpoint, with a warning.
+async fn serve_healthz(port: u16, health: Arc<Health>, shutdown: CancellationToken) {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("node agent: cannot serve /healthz on {addr}: {e}");
+            return;
+        }
+    };
+    let app = axum::Router::new().route(
+        "/healthz",
+        axum::routing::get(move || {
+            let health = health.clone();
+            async move {
+                match health.stale_for() {
+                    None => (axum::http::StatusCode::OK, "ok".to_string()),
+                    Some(age) => (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("the node heartbeat last completed {age}s ago"),
+                    ),
+                }
+            }
+        }),
+    );
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+        tracing::warn!("node agent: /healthz stopped: {e}");
+    }
 }
 
 struct Heartbeat {
@@ -53,6 +116,7 @@ struct Heartbeat {
     cri: Cri,
     cfg: Config,
     machine: Machine,
+    health: Arc<Health>,
 }
 
 fn now() -> String {
@@ -69,13 +133,21 @@ impl Heartbeat {
                 _ = tick.tick() => {}
                 _ = shutdown.cancelled() => return,
             }
+            let mut healthy = true;
             match self.sync_status(reported.as_ref()).await {
                 Ok(Some(status)) => reported = Some((status, Instant::now())),
                 Ok(None) => {}
-                Err(e) => tracing::warn!("node agent: updating node {}: {e}", self.cfg.node_name),
+                Err(e) => {
+                    healthy = false;
+                    tracing::warn!("node agent: updating node {}: {e}", self.cfg.node_name);
+                }
             }
             if let Err(e) = self.renew_lease().await {
+                healthy = false;
                 tracing::warn!("node agent: renewing the lease of node {}: {e}", self.cfg.node_name);
+            }
+            if healthy {
+                self.health.beat();
             }
         }
     }
@@ -172,5 +244,19 @@ impl Heartbeat {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_goes_stale_without_heartbeats() {
+        let health = Health::default();
+        health.beat();
+        assert_eq!(health.stale_for(), None);
+        health.0.store(unix_now() - 120, Ordering::Relaxed);
+        assert!(health.stale_for().is_some_and(|age| age >= 120));
     }
 }
