@@ -29,6 +29,11 @@ fn version_and_help() {
         "--disable-agent",
         "--node-name",
         "--config",
+        "--containerd-bin",
+        "--container-runtime-endpoint",
+        "--cni-bin-dir",
+        "--system-reserved",
+        "--healthz-port",
     ] {
         assert!(help.contains(flag), "{flag} missing from help:\n{help}");
     }
