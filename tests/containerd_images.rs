@@ -2,6 +2,9 @@
 //! a message, where containerd or root is missing.
 
 // The modules as they are in the binary (`images` reaches `oci_image` as `super::oci_image`).
+#[allow(dead_code, unused_imports)]
+#[path = "../src/runtime/cri.rs"]
+mod cri;
 #[allow(dead_code)]
 #[path = "../src/runtime/images.rs"]
 mod images;

@@ -64,7 +64,7 @@ pub struct NetworkConfig {
 /// Checks that the host has the programs the plugin runs, or says what to install.
 pub fn check_host() -> Result<()> {
     for tool in ["iptables-save", "iptables-restore"] {
-        if !netfilter::binary(tool).is_absolute() && path_lookup(tool).is_none() {
+        if !netfilter::binary(tool).is_absolute() && crate::runtime::containerd::which(tool).is_none() {
             bail!(
                 "{tool} was not found: cairn's pod network needs iptables (Debian/Ubuntu: apt-get install iptables), \
                  or use other CNI plugins with --cni-bin-dir and --cni-conf-dir"
@@ -72,11 +72,6 @@ pub fn check_host() -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn path_lookup(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// True when this process was started by a container runtime as a CNI plugin (CNI_COMMAND is set).

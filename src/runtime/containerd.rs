@@ -32,6 +32,10 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of the data directory `data_dir`.
+    pub fn new(data_dir: &Path) -> Layout {
+        Layout { dir: data_dir.join("agent").join("containerd") }
+    }
     pub fn config(&self) -> PathBuf {
         self.dir.join("config.toml")
     }

@@ -41,17 +41,40 @@ pub fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
+/// The endpoint and connector of a gRPC channel to a Unix socket. The URI is a placeholder: the
+/// connector ignores it and dials the socket.
+fn unix_endpoint(
+    socket: &Path,
+) -> (
+    Endpoint,
+    impl tower::Service<
+        Uri,
+        Response = TokioIo<tokio::net::UnixStream>,
+        Error = std::io::Error,
+        Future = impl std::future::Future<Output = std::io::Result<TokioIo<tokio::net::UnixStream>>> + Send,
+    > + Clone
+    + Send
+    + 'static,
+) {
+    let socket = socket.to_path_buf();
+    let connector = tower::service_fn(move |_: Uri| {
+        let socket = socket.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+    });
+    (Endpoint::from_static("http://[::1]:1").connect_timeout(Duration::from_secs(5)), connector)
+}
+
 /// A gRPC channel to a Unix socket, connected lazily and reconnected after failures (within a tokio
 /// runtime, which serves it).
 pub fn channel(socket: &Path) -> Channel {
-    let socket = socket.to_path_buf();
-    // The URI is a placeholder: the connector ignores it and dials the socket.
-    Endpoint::from_static("http://[::1]:1").connect_timeout(Duration::from_secs(5)).connect_with_connector_lazy(
-        tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
-        }),
-    )
+    let (endpoint, connector) = unix_endpoint(socket);
+    endpoint.connect_with_connector_lazy(connector)
+}
+
+/// The same, connected now: fails at once when nothing listens on the socket.
+pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let (endpoint, connector) = unix_endpoint(socket);
+    endpoint.connect_with_connector(connector).await
 }
 
 /// A CRI v1 client. Cheap to clone.

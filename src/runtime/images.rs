@@ -26,11 +26,10 @@ use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::leases_client::LeasesClient;
 use containerd_client::types::Descriptor;
 use futures::future::BoxFuture;
-use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use tokio::runtime::Handle;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 use super::oci_image::{self, normalize_reference, sha256_digest};
@@ -57,16 +56,7 @@ const LABEL_GC_CONFIG: &str = "containerd.io/gc.ref.content.config";
 
 /// Connects to containerd's gRPC socket (a Unix socket path).
 pub async fn connect(socket: &Path) -> Result<Channel> {
-    let path = socket.to_path_buf();
-    // The URI is a placeholder: the connector ignores it and dials the socket.
-    Endpoint::from_static("http://[::1]:1")
-        .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .with_context(|| format!("connecting to containerd at {}", socket.display()))
+    super::cri::connect(socket).await.with_context(|| format!("connecting to containerd at {}", socket.display()))
 }
 
 /// What happened to an image record.

@@ -53,7 +53,7 @@ impl Config {
         self.data_dir.join("agent")
     }
     pub fn containerd_layout(&self) -> containerd::Layout {
-        containerd::Layout { dir: self.agent_dir().join("containerd") }
+        containerd::Layout::new(&self.data_dir)
     }
     pub fn images_dir(&self) -> PathBuf {
         self.agent_dir().join("images")
@@ -188,6 +188,6 @@ async fn prepare(cfg: &Config, cri: &Cri, socket: &Path) -> Result<Option<images
 pub fn helper_socket(data_dir: &Path, endpoint: Option<&str>) -> Result<PathBuf> {
     match endpoint {
         Some(e) => cri::socket_path(e),
-        None => Ok(containerd::Layout { dir: data_dir.join("agent").join("containerd") }.socket()),
+        None => Ok(containerd::Layout::new(data_dir).socket()),
     }
 }
