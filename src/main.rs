@@ -2,6 +2,7 @@
 
 mod agent;
 mod api;
+mod cgroups;
 mod controllers;
 mod events;
 mod net;
@@ -10,6 +11,7 @@ mod runtime;
 mod scheduler;
 mod server;
 mod store;
+mod volumes;
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -162,7 +164,7 @@ struct ServerArgs {
     #[arg(long, env = "CAIRN_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Do not run the node agent in this process
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     disable_agent: bool,
     /// Do not run the scheduler in this process
     #[arg(long)]

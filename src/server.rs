@@ -186,6 +186,7 @@ async fn start_control_plane(
             reserved: cfg.reserved.clone(),
             healthz_port: cfg.healthz_port,
         };
+        let _ = state.pod_logs.set(cfg.data_dir.join("agent").join("logs").join("pods"));
         agent::start(registry.clone(), cri, agent, shutdown.clone());
     }
 

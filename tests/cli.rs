@@ -43,16 +43,18 @@ fn version_and_help() {
 fn bad_flags_fail_with_the_flag_named() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
-    let out = cairn(&["server", "--data-dir", data.to_str().unwrap(), "--write-kubeconfig-mode", "999"]);
+    let out =
+        cairn(&["server", "--disable-agent", "--data-dir", data.to_str().unwrap(), "--write-kubeconfig-mode", "999"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid write-kubeconfig-mode"));
-    let out = cairn(&["server", "--data-dir", data.to_str().unwrap(), "--cluster-cidr", "10.42.0.0"]);
+    let out =
+        cairn(&["server", "--disable-agent", "--data-dir", data.to_str().unwrap(), "--cluster-cidr", "10.42.0.0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid cluster-cidr"));
     for (flag, value, hint) in [
         ("--system-reserved", "gpu=1", "only cpu, memory, ephemeral-storage and pid"),
         ("--kube-reserved", "memory=lots", "not a quantity"),
     ] {
-        let out = cairn(&["server", "--data-dir", data.to_str().unwrap(), flag, value]);
+        let out = cairn(&["server", "--disable-agent", "--data-dir", data.to_str().unwrap(), flag, value]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(&format!("invalid {flag}")) && err.contains(hint), "{err}");
     }
@@ -69,7 +71,7 @@ fn bad_flags_fail_with_the_flag_named() {
     assert!(!out.status.success() && err.contains("/30 or larger"), "{err}");
     let cfg = dir.path().join("bad.yaml");
     std::fs::write(&cfg, "no-such-flag: 1\n").unwrap();
-    let out = cairn(&["server", "--config", cfg.to_str().unwrap()]);
+    let out = cairn(&["server", "--disable-agent", "--config", cfg.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml") && err.contains("no-such-flag"), "{err}");

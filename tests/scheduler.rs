@@ -269,7 +269,7 @@ fn bad_scheduler_config_fails_at_startup_naming_the_field() {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args(["server", "--data-dir"])
             .arg(dir.path().join(format!("data{i}")))
-            .args(["--https-listen-port", "0", "--bind-address", "127.0.0.1", "--write-kubeconfig"])
+            .args(["--disable-agent", "--https-listen-port", "0", "--bind-address", "127.0.0.1", "--write-kubeconfig"])
             .arg(dir.path().join("kc.yaml"))
             .arg("--scheduler-config")
             .arg(&path)

@@ -1,9 +1,18 @@
-//! The node agent (kubelet's job inside cairn). For now: it registers this machine as a Node,
-//! keeps the Node's status current (every 10 s, written on change or every 5 minutes), renews the
-//! node's Lease in `kube-node-lease` every 10 s whether or not the node is Ready, and answers
-//! `/healthz` on 127.0.0.1 (kubelet's port 10248) while that heartbeat keeps going.
+//! The node agent (kubelet's job inside cairn). It registers this machine as a Node, keeps the
+//! Node's status current (every 10 s, written on change or every 5 minutes), renews the node's
+//! Lease in `kube-node-lease` every 10 s whether or not the node is Ready, answers `/healthz` on
+//! 127.0.0.1 (kubelet's port 10248) while that heartbeat keeps going, and runs the pods bound to
+//! this node ([`pods`]).
 
+pub mod backoff;
+pub mod env;
+pub mod logs;
 pub mod node;
+pub mod pods;
+pub mod probes;
+pub mod spec;
+pub mod status;
+pub mod worker;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -61,7 +70,7 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Starts the node's heartbeat: status and lease loops until `shutdown`.
+/// Starts the node's heartbeat (status and lease) and the pod workers; they run until `shutdown`.
 pub fn start(registry: Registry, cri: Cri, cfg: Config, shutdown: CancellationToken) {
     let machine = Machine::read(&cfg.data_dir);
     tracing::info!(
@@ -76,8 +85,51 @@ pub fn start(registry: Registry, cri: Cri, cfg: Config, shutdown: CancellationTo
     if cfg.healthz_port != 0 {
         tokio::spawn(serve_healthz(cfg.healthz_port, health.clone(), shutdown.clone()));
     }
-    let heartbeat = Heartbeat { registry, cri, cfg, machine, health };
-    tokio::spawn(async move { heartbeat.run(shutdown).await });
+    let runtime_health = Arc::new(pods::Health::default());
+    let driver = if crate::runtime::containerd::systemd_cgroup_driver() {
+        crate::cgroups::Driver::Systemd
+    } else {
+        crate::cgroups::Driver::Cgroupfs
+    };
+    let cgroups = match crate::cgroups::Manager::new(driver, "kubepods") {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!("node agent: pods run without pod cgroups: {e}");
+            None
+        }
+    };
+    let mut settings = pods::Settings {
+        node_name: cfg.node_name.clone(),
+        node_ip: cfg.node_ip.map(|ip| ip.to_string()),
+        data_dir: cfg.data_dir.clone(),
+        runtime_name: String::new(),
+        cgroups,
+        memory_capacity: machine.memory_bytes,
+    };
+    let heartbeat = Heartbeat {
+        registry: registry.clone(),
+        cri: cri.clone(),
+        cfg,
+        machine,
+        health,
+        runtime_health: runtime_health.clone(),
+    };
+    let first = Arc::new(tokio::sync::Notify::new());
+    let registered = first.clone();
+    let stop = shutdown.clone();
+    tokio::spawn(async move { heartbeat.run(shutdown, registered).await });
+    tokio::spawn(async move {
+        // Pods are admitted against the Node's allocatable: wait for the first heartbeat.
+        tokio::select! {
+            _ = first.notified() => {
+                // Container IDs are reported as `<runtime>://<id>`.
+                let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
+                settings.runtime_name = runtime.split("://").next().filter(|n| !n.is_empty()).unwrap_or("containerd").to_string();
+                pods::start(registry, cri, settings, runtime_health, stop)
+            }
+            _ = stop.cancelled() => {}
+        }
+    });
 }
 
 /// Answers `GET /healthz` with `ok`, or 500 when the heartbeat is stale. Another process on the port
@@ -117,6 +169,7 @@ struct Heartbeat {
     cfg: Config,
     machine: Machine,
     health: Arc<Health>,
+    runtime_health: Arc<pods::Health>,
 }
 
 fn now() -> String {
@@ -124,7 +177,7 @@ fn now() -> String {
 }
 
 impl Heartbeat {
-    async fn run(self, shutdown: CancellationToken) {
+    async fn run(self, shutdown: CancellationToken, registered: Arc<tokio::sync::Notify>) {
         let mut tick = tokio::time::interval(STATUS_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reported: Option<(Value, Instant)> = None;
@@ -149,16 +202,21 @@ impl Heartbeat {
             if healthy {
                 self.health.beat();
             }
+            registered.notify_one();
         }
     }
 
     /// Computes the status; creates the Node or writes its status when something changed or the
     /// report is due. Returns the status written, if any.
     async fn sync_status(&self, reported: Option<&(Value, Instant)>) -> anyhow::Result<Option<Value>> {
-        let (runtime_version, not_ready) = match self.cri.readiness().await {
+        let (runtime_version, mut not_ready) = match self.cri.readiness().await {
             Ok(r) => (r.runtime, r.problem.map(|p| format!("container runtime network not ready: {p}"))),
             Err(e) => (String::new(), Some(format!("container runtime is down: {e}"))),
         };
+        self.runtime_health.set_network_problem(not_ready.clone());
+        if let Some(pleg) = self.runtime_health.pleg_problem() {
+            not_ready = Some(not_ready.map_or(pleg.clone(), |n| format!("{n}, {pleg}")));
+        }
         let images = self.cri.list_images(Default::default()).await.map(|r| r.images).unwrap_or_default();
         let now = now();
         let inputs = Inputs {

@@ -30,6 +30,7 @@ fn subresource_verbs(sub: &str) -> &'static [&'static str] {
     match sub {
         "binding" => &["create"],
         "finalize" => &["update"],
+        "log" => &["get"],
         _ => &["get", "patch", "update"],
     }
 }
@@ -37,6 +38,7 @@ fn subresource_verbs(sub: &str) -> &'static [&'static str] {
 fn subresource_kind(info: &ResourceInfo, sub: &str) -> (&'static str, &'static str, &'static str) {
     match sub {
         "binding" => ("", "v1", "Binding"),
+        "log" => ("", "v1", "Pod"),
         _ => (info.group, info.version, info.kind),
     }
 }

@@ -26,6 +26,17 @@ type Result<T, E = StatusError> = std::result::Result<T, E>;
 /// Query parameters kube-apiserver understands on resource paths; anything else is rejected.
 const KNOWN_PARAMS: &[&str] = &[
     "pretty",
+    // pods/log
+    "container",
+    "follow",
+    "previous",
+    "timestamps",
+    "tailLines",
+    "sinceSeconds",
+    "sinceTime",
+    "limitBytes",
+    "insecureSkipTLSVerifyBackend",
+    "stream",
     "labelSelector",
     "fieldSelector",
     "watch",
@@ -204,6 +215,9 @@ async fn serve(state: &AppState, method: Method, uri: Uri, headers: HeaderMap, b
             let format = codec::negotiate(&headers, query.get("includeObject"))?;
             let obj = state.registry.get(&t.resource, t.namespace.as_deref(), name)?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, obj, &[]))
+        }
+        (&Method::GET, Some(name), Some("log")) => {
+            super::logs::pod_log(state, t.namespace.as_deref().unwrap_or_default(), name, &query.0)
         }
         (&Method::POST, None, None) => create(state, t, &query, &headers, &body).await,
         (&Method::POST, Some(name), Some("binding")) => bind(state, t, name, &headers, &body).await,

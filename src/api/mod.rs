@@ -6,6 +6,7 @@
 mod codec;
 mod discovery;
 mod handlers;
+mod logs;
 pub mod openapi;
 pub mod pki;
 pub mod protobuf;
@@ -70,6 +71,8 @@ pub struct AppState {
     pub server_address: String,
     /// Set once start-up has finished; `/readyz` answers 503 before.
     pub ready: AtomicBool,
+    /// Where this node's container logs are (`<data>/agent/logs/pods`), when the agent runs here.
+    pub pod_logs: OnceLock<std::path::PathBuf>,
     openapi: OnceLock<OpenApiDocs>,
 }
 
@@ -84,7 +87,14 @@ struct OpenApiDocs {
 
 impl AppState {
     pub fn new(registry: Registry, tokens: Tokens, server_address: String) -> Self {
-        Self { registry, tokens, server_address, ready: AtomicBool::new(false), openapi: OnceLock::new() }
+        Self {
+            registry,
+            tokens,
+            server_address,
+            ready: AtomicBool::new(false),
+            pod_logs: OnceLock::new(),
+            openapi: OnceLock::new(),
+        }
     }
 
     /// OpenAPI documents, generated on first use (they are large and most clients never ask).

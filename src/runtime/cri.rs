@@ -140,12 +140,30 @@ impl Cri {
         list_pod_sandbox: runtime.list_pod_sandbox(cri::ListPodSandboxRequest) -> cri::ListPodSandboxResponse, REQUEST_TIMEOUT;
         create_container: runtime.create_container(cri::CreateContainerRequest) -> cri::CreateContainerResponse, REQUEST_TIMEOUT;
         start_container: runtime.start_container(cri::StartContainerRequest) -> cri::StartContainerResponse, REQUEST_TIMEOUT;
+        remove_container: runtime.remove_container(cri::RemoveContainerRequest) -> cri::RemoveContainerResponse, REQUEST_TIMEOUT;
+        reopen_container_log: runtime.reopen_container_log(cri::ReopenContainerLogRequest) -> cri::ReopenContainerLogResponse, REQUEST_TIMEOUT;
         list_containers: runtime.list_containers(cri::ListContainersRequest) -> cri::ListContainersResponse, REQUEST_TIMEOUT;
         container_status: runtime.container_status(cri::ContainerStatusRequest) -> cri::ContainerStatusResponse, REQUEST_TIMEOUT;
         exec_sync: runtime.exec_sync(cri::ExecSyncRequest) -> cri::ExecSyncResponse, REQUEST_TIMEOUT;
         list_images: images.list_images(cri::ListImagesRequest) -> cri::ListImagesResponse, REQUEST_TIMEOUT;
         image_status: images.image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse, REQUEST_TIMEOUT;
         pull_image: images.pull_image(cri::PullImageRequest) -> cri::PullImageResponse, PULL_TIMEOUT;
+    }
+
+    /// Stops a container: SIGTERM (or the image's stop signal), SIGKILL after `grace`.
+    pub async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
+        let mut client = self.runtime.clone();
+        let timeout = grace + REQUEST_TIMEOUT;
+        let mut request = tonic::Request::new(cri::StopContainerRequest {
+            container_id: id.to_string(),
+            timeout: grace.as_secs() as i64,
+        });
+        request.set_timeout(timeout);
+        match tokio::time::timeout(timeout, client.stop_container(request)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(self.error("StopContainer", status)),
+            Err(_) => Err(CriError::Timeout { op: "StopContainer", timeout }),
+        }
     }
 
     /// Pulls `reference` unless the runtime already has it.

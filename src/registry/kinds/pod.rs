@@ -56,7 +56,7 @@ impl Kind for Pods {
         namespaced: true,
         short_names: &["po"],
         categories: &["all"],
-        subresources: &["status", "binding"],
+        subresources: &["status", "binding", "log"],
         storage: "pods",
         return_deleted_object: true,
     };

@@ -1,0 +1,673 @@
+//! The pods of this node: the store's watch of pods bound here feeds one [`Worker`] per pod UID
+//! (updates coalesced, newest wins); local admission (resources and host ports against the Node's
+//! allocatable) runs before a pod gets a worker; PLEG relists the runtime every second and wakes the
+//! workers of pods whose containers changed; probe results are routed to their pods; and orphans
+//! (sandboxes, directories, cgroups of pods that are gone) are cleaned up.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Node, Pod, Secret};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::backoff::Backoff;
+use super::logs;
+use super::probes::{self, Kind, ProbeEvent, ProbeManager, What};
+use super::spec;
+use super::status::keys;
+use super::worker::Worker;
+use crate::cgroups;
+use crate::events::{EventType, ObjectRef, Recorder};
+use crate::registry::{Registry, Resource, StatusError};
+use crate::runtime::cri::{self, Cri, CriError};
+use crate::scheduler::types::{NodeFacts, PodInfo};
+use crate::store::{self, EventType as StoreEvent};
+use crate::volumes;
+
+/// How often the runtime is relisted (kubelet's PLEG period).
+const RELIST_PERIOD: Duration = Duration::from_secs(1);
+/// PLEG is unhealthy when no relist succeeded for this long.
+const RELIST_THRESHOLD: Duration = Duration::from_secs(180);
+/// How often orphaned sandboxes, directories and cgroups are looked for.
+const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(60);
+
+/// Runtime health shared with the node heartbeat: the network's readiness and PLEG's last relist.
+#[derive(Default)]
+pub struct Health {
+    network: Mutex<Option<String>>,
+    relisted: AtomicU64,
+}
+
+impl Health {
+    pub fn set_network_problem(&self, problem: Option<String>) {
+        *self.network.lock().unwrap_or_else(|e| e.into_inner()) = problem;
+    }
+    /// kubelet's PLEG health message, when the last successful relist is too old.
+    pub fn pleg_problem(&self) -> Option<String> {
+        let last = self.relisted.load(Ordering::Relaxed);
+        if last == 0 {
+            return None;
+        }
+        let age = super::unix_now().saturating_sub(last);
+        (age > RELIST_THRESHOLD.as_secs()).then(|| {
+            format!("PLEG is not healthy: pleg was last seen active {}m{}s ago; threshold is 3m0s", age / 60, age % 60)
+        })
+    }
+}
+
+/// What every worker shares.
+pub struct Ctx {
+    pub registry: Registry,
+    pub cri: Cri,
+    pub pods: Resource,
+    configmaps: Option<Resource>,
+    secrets: Option<Resource>,
+    nodes: Option<Resource>,
+    pub node_name: String,
+    pub node_ip: Option<String>,
+    /// `<data>/agent/pods`: one directory per pod UID (volumes, hosts file, termination logs).
+    pods_dir: PathBuf,
+    /// `<data>/agent/logs/pods`: the containers' CRI log files.
+    logs_dir: PathBuf,
+    pub runtime_name: String,
+    recorder: Recorder,
+    cgroups: Option<cgroups::Manager>,
+    pub probes: ProbeManager,
+    pub exec: Arc<dyn probes::Exec>,
+    backoff: Mutex<Backoff>,
+    unhealthy: Mutex<HashMap<String, Kind>>,
+    pub health: Arc<Health>,
+    memory_capacity: u64,
+}
+
+/// Runs probe and hook commands through CRI ExecSync.
+struct CriExec(Cri);
+
+impl probes::Exec for CriExec {
+    fn exec(
+        &self,
+        container_id: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> futures::future::BoxFuture<'_, anyhow::Result<probes::ExecOutput>> {
+        let request =
+            cri::ExecSyncRequest { container_id: container_id.into(), cmd, timeout: timeout.as_secs() as i64 };
+        Box::pin(async move {
+            let r = match self.0.exec_sync(request).await {
+                Ok(r) => r,
+                Err(CriError::Timeout { .. }) => return Err(probes::ExecTimeout.into()),
+                Err(e) => return Err(e.into()),
+            };
+            Ok(probes::ExecOutput { exit_code: r.exit_code, stdout: r.stdout, stderr: r.stderr })
+        })
+    }
+}
+
+impl volumes::Objects for Ctx {
+    fn config_map(&self, ns: &str, name: &str) -> Option<ConfigMap> {
+        let r = self.configmaps.as_ref()?;
+        serde_json::from_value(self.registry.get_value(r, Some(ns), name).ok()?).ok()
+    }
+    fn secret(&self, ns: &str, name: &str) -> Option<Secret> {
+        let r = self.secrets.as_ref()?;
+        serde_json::from_value(self.registry.get_value(r, Some(ns), name).ok()?).ok()
+    }
+}
+
+/// Settings of the pod side of the agent.
+pub struct Settings {
+    pub node_name: String,
+    pub node_ip: Option<String>,
+    pub data_dir: PathBuf,
+    pub runtime_name: String,
+    pub cgroups: Option<cgroups::Manager>,
+    pub memory_capacity: u64,
+}
+
+impl Ctx {
+    pub fn event(&self, pod: &Pod, kind: EventType, reason: &str, message: String) {
+        let object = ObjectRef {
+            kind: "Pod",
+            api_version: "v1",
+            namespace: spec::namespace(pod).into(),
+            name: spec::name(pod).into(),
+            uid: spec::uid(pod).into(),
+        };
+        self.recorder.record(object, kind, reason, "", message);
+    }
+
+    pub fn backoff(&self) -> MutexGuard<'_, Backoff> {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A container whose liveness or startup probe failed, once.
+    pub fn take_unhealthy(&self, container_id: &str) -> Option<Kind> {
+        self.unhealthy.lock().unwrap_or_else(|e| e.into_inner()).remove(container_id)
+    }
+
+    pub fn network_problem(&self) -> Option<String> {
+        self.health.network.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn log_dir(&self, pod: &Pod) -> PathBuf {
+        spec::log_dir(&self.logs_dir, pod)
+    }
+
+    fn pod_dir(&self, pod: &Pod) -> PathBuf {
+        self.pods_dir.join(spec::uid(pod))
+    }
+
+    /// The node's allocatable resources as the Node object reports them.
+    fn node(&self) -> Option<Node> {
+        serde_json::from_value(self.registry.get_value(self.nodes.as_ref()?, None, &self.node_name).ok()?).ok()
+    }
+
+    fn node_resources(&self) -> volumes::NodeResources {
+        let allocatable = self.node().map(|n| NodeFacts::from_node(&n).allocatable).unwrap_or_default();
+        volumes::NodeResources {
+            cpu_milli: allocatable.milli_cpu,
+            memory_bytes: allocatable.memory,
+            ephemeral_storage_bytes: allocatable.ephemeral_storage,
+            service_account_token: None,
+        }
+    }
+
+    /// Creates the pod's cgroup; returns the cgroup parent for its sandbox.
+    pub fn ensure_pod_cgroup(&self, pod: &Pod) -> anyhow::Result<String> {
+        let Some(cg) = &self.cgroups else { return Ok(String::new()) };
+        let qos = cgroups::qos_class(pod);
+        cg.ensure_pod(spec::uid(pod), qos, &cgroups::pod_resources(pod))?;
+        Ok(cg.pod_parent(spec::uid(pod), qos))
+    }
+
+    /// Sets up the pod's volumes; the error is the `FailedMount` event's message.
+    pub fn setup_volumes(&self, pod: &Pod) -> Result<volumes::Volumes, String> {
+        let dir = self.pod_dir(pod);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        volumes::setup(pod, &dir, self, &self.node_resources()).map_err(|e| e.to_string())
+    }
+
+    /// Environment, mounts and resources of one container; the error is its
+    /// `CreateContainerConfigError` message.
+    pub fn container_inputs(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        restart_count: i32,
+        pod_ips: &[String],
+        vols: &volumes::Volumes,
+    ) -> Result<spec::ContainerInputs, String> {
+        let (env, skipped) =
+            super::env::container_env(pod, c, self, &self.node_resources()).map_err(|e| e.to_string())?;
+        for s in skipped {
+            self.event(pod, EventType::Warning, super::env::INVALID_ENV_NAMES_REASON, s.message());
+        }
+        let mut mounts = volumes::mounts_expanded(c, vols, &env).map_err(|e| e.to_string())?;
+        let pod_dir = self.pod_dir(pod);
+        let has = |mounts: &[cri::Mount], path: &str| mounts.iter().any(|m| m.container_path == path);
+        if volumes::wants_etc_hosts(c)
+            && let Some(hosts) = volumes::etc_hosts(pod, pod_ips, &pod_dir).map_err(|e| e.to_string())?
+        {
+            mounts.push(hosts);
+        }
+        // The termination message file, fresh for each run of the container.
+        let message_path = c.termination_message_path.clone().unwrap_or_else(|| "/dev/termination-log".into());
+        if !has(&mounts, &message_path) {
+            let dir = pod_dir.join("containers").join(&c.name);
+            let file = dir.join(restart_count.to_string());
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(&file, b""))
+                .map_err(|e| format!("creating {}: {e}", file.display()))?;
+            mounts.push(cri::Mount {
+                container_path: message_path,
+                host_path: file.display().to_string(),
+                ..Default::default()
+            });
+        }
+        let resources = match &self.cgroups {
+            Some(cg) => cg.container_resources(pod, c, self.memory_capacity),
+            None => cgroups::container_resources(pod, c, self.memory_capacity),
+        };
+        Ok(spec::ContainerInputs { restart_count, env, mounts, resources })
+    }
+
+    /// Writes the pod's status if it is still the same pod (UID).
+    pub async fn write_status(&self, pod: &Pod, status: Value) -> Result<(), StatusError> {
+        let uid = spec::uid(pod).to_string();
+        let gr = crate::registry::GroupResource { group: String::new(), resource: "pods".into() };
+        let name = spec::name(pod).to_string();
+        self.registry
+            .modify(&self.pods, Some(spec::namespace(pod)), spec::name(pod), Some("status"), |cur| {
+                if cur.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid.as_str()) {
+                    return Err(StatusError::conflict(&gr, &name, "the pod was replaced (UID changed)"));
+                }
+                let mut pod = cur.clone();
+                let old = cur.get("status").cloned().unwrap_or(json!({}));
+                let mut merged = status.clone();
+                // Fields other components own (nominatedNodeName, resize, ...) stay.
+                if let (Some(m), Some(o)) = (merged.as_object_mut(), old.as_object()) {
+                    for (k, v) in o {
+                        m.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+                pod["status"] = merged;
+                Ok(pod)
+            })
+            .await
+            .map(drop)
+    }
+
+    /// `SyncTerminatedPod`: the pod's volumes and cgroup go once its containers are stopped.
+    pub async fn release(&self, pod: &Pod) {
+        let (dir, cg, name) = (self.pod_dir(pod), self.cgroups.clone(), spec::full_name(pod));
+        let (uid, qos) = (spec::uid(pod).to_string(), cgroups::qos_class(pod));
+        let released = tokio::task::spawn_blocking(move || {
+            if let Err(e) = volumes::teardown(&dir) {
+                tracing::warn!("pod {name}: removing volumes: {e}");
+            }
+            if let Some(cg) = cg
+                && let Err(e) = cg.remove_pod(&uid, qos)
+            {
+                tracing::warn!("pod {name}: removing its cgroup: {e}");
+            }
+        });
+        let _ = released.await;
+    }
+
+    /// Forgets a pod that is gone: its logs and backoff.
+    pub fn forget(&self, pod: &Pod) {
+        let _ = std::fs::remove_dir_all(self.log_dir(pod));
+        self.backoff().forget_prefix(&format!("{}/", spec::uid(pod)));
+    }
+}
+
+struct Handle {
+    tx: watch::Sender<Option<Arc<Pod>>>,
+    wake: Arc<Notify>,
+    /// What admission counts: requests and host ports (None once the pod is finished).
+    info: Option<Arc<PodInfo>>,
+}
+
+/// The pod side of the agent.
+pub struct Pods {
+    ctx: Arc<Ctx>,
+    workers: Mutex<HashMap<String, Handle>>,
+    shutdown: CancellationToken,
+}
+
+/// Starts the pod workers, PLEG, probe routing and housekeeping; they run until `shutdown`.
+pub fn start(registry: Registry, cri: Cri, settings: Settings, health: Arc<Health>, shutdown: CancellationToken) {
+    let Some(pods) = registry.find("", "v1", "pods") else {
+        tracing::error!("node agent: pods are not served; no pod workers");
+        return;
+    };
+    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
+    let exec: Arc<dyn probes::Exec> = Arc::new(CriExec(cri.clone()));
+    let agent_dir = settings.data_dir.join("agent");
+    let ctx = Arc::new(Ctx {
+        configmaps: registry.find("", "v1", "configmaps"),
+        secrets: registry.find("", "v1", "secrets"),
+        nodes: registry.find("", "v1", "nodes"),
+        recorder: Recorder::spawn(registry.clone(), "kubelet".into(), settings.node_name.clone()),
+        registry,
+        cri,
+        pods,
+        node_name: settings.node_name,
+        node_ip: settings.node_ip,
+        pods_dir: agent_dir.join("pods"),
+        logs_dir: agent_dir.join("logs").join("pods"),
+        runtime_name: settings.runtime_name,
+        cgroups: settings.cgroups,
+        probes: ProbeManager::new(exec.clone(), probe_tx),
+        exec,
+        backoff: Mutex::new(Backoff::default()),
+        unhealthy: Mutex::new(HashMap::new()),
+        health,
+        memory_capacity: settings.memory_capacity,
+    });
+    let manager = Arc::new(Pods { ctx, workers: Mutex::new(HashMap::new()), shutdown: shutdown.clone() });
+    tokio::spawn(manager.clone().intake());
+    tokio::spawn(manager.clone().relist());
+    tokio::spawn(manager.clone().route_probes(probe_rx));
+    tokio::spawn(manager.clone().rotate_logs());
+}
+
+fn is_finished(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+impl Pods {
+    fn workers(&self) -> MutexGuard<'_, HashMap<String, Handle>> {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mine(&self, pod: &Pod) -> bool {
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.ctx.node_name.as_str())
+    }
+
+    /// Follows the store's pods; reloads when the watch falls behind.
+    async fn intake(self: Arc<Self>) {
+        let shutdown = self.shutdown.clone();
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        'reload: loop {
+            let (listing, mut sub) = self.ctx.registry.store().list_and_watch("pods/");
+            let mut pods: Vec<Pod> =
+                listing.items.iter().filter_map(|(_, o)| serde_json::from_slice::<Pod>(&o.data).ok()).collect();
+            pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+            let listed: HashSet<String> = pods.iter().map(|p| spec::uid(p).to_string()).collect();
+            for pod in pods.into_iter().filter(|p| self.mine(p)) {
+                self.on_pod(pod);
+            }
+            let gone: Vec<String> = self.workers().keys().filter(|u| !listed.contains(*u)).cloned().collect();
+            for uid in gone {
+                self.on_removed(&uid);
+            }
+            sub.skip_through(listing.revision);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = housekeeping.tick() => self.housekeeping().await,
+                    event = sub.next() => match event {
+                        Ok(e) if e.key.starts_with("pods/") => {
+                            let Ok(pod) = serde_json::from_slice::<Pod>(&e.object.data) else { continue };
+                            if e.kind == StoreEvent::Deleted {
+                                self.on_removed(spec::uid(&pod));
+                            } else if self.mine(&pod) {
+                                self.on_pod(pod);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(store::Error::TooOld { .. }) => {
+                            tracing::info!("node agent fell behind the pod watch; relisting");
+                            continue 'reload;
+                        }
+                        Err(e) => {
+                            tracing::warn!("node agent: pod watch ended: {e}");
+                            return;
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    fn on_pod(&self, pod: Pod) {
+        let uid = spec::uid(&pod).to_string();
+        let mut workers = self.workers();
+        if let Some(h) = workers.get_mut(&uid) {
+            if is_finished(&pod) || pod.metadata.deletion_timestamp.is_some() {
+                h.info = None;
+            }
+            h.tx.send_replace(Some(Arc::new(pod)));
+            return;
+        }
+        let active = !is_finished(&pod) && pod.metadata.deletion_timestamp.is_none();
+        let info = Arc::new(PodInfo::from_pod(&pod));
+        if active && let Some((reason, message)) = self.admit(&info, &workers) {
+            drop(workers);
+            self.reject(pod, reason, message);
+            return;
+        }
+        let pod = Arc::new(pod);
+        let (tx, rx) = watch::channel(Some(pod.clone()));
+        let wake = Arc::new(Notify::new());
+        let worker = Worker::new(self.ctx.clone(), pod, rx, wake.clone());
+        tokio::spawn(worker.run(self.shutdown.clone()));
+        workers.insert(uid, Handle { tx, wake, info: active.then_some(info) });
+        drop(workers);
+        self.update_qos();
+    }
+
+    /// kubelet's `UpdateQOSCgroups`: the burstable tier's CPU shares follow its pods' requests.
+    fn update_qos(&self) {
+        let Some(cg) = self.ctx.cgroups.clone() else { return };
+        let active: Vec<Pod> = self
+            .workers()
+            .values()
+            .filter(|h| h.info.is_some())
+            .filter_map(|h| h.tx.borrow().as_deref().cloned())
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = cg.update_qos(&active) {
+                tracing::warn!("updating the QoS cgroups: {e}");
+            }
+        });
+    }
+
+    fn on_removed(&self, uid: &str) {
+        let removed = self.workers().remove(uid);
+        if let Some(h) = removed {
+            // The worker sees `None`, stops the pod and cleans up, then ends.
+            h.tx.send_replace(None);
+            self.update_qos();
+        }
+    }
+
+    fn wake(&self, uid: &str) {
+        if let Some(h) = self.workers().get(uid) {
+            h.wake.notify_one();
+        }
+    }
+
+    /// kubelet's local admission: the pod's requests and host ports against the Node's allocatable
+    /// and the pods already admitted. Returns the reason and message of a rejection.
+    fn admit(&self, pod: &PodInfo, workers: &HashMap<String, Handle>) -> Option<(String, String)> {
+        let node = self.ctx.node()?;
+        let allocatable = NodeFacts::from_node(&node).allocatable;
+        let admitted: Vec<&Arc<PodInfo>> = workers.values().filter_map(|h| h.info.as_ref()).collect();
+        let used = |name: &str| admitted.iter().map(|p| p.requests.get(name)).sum::<i64>();
+        if allocatable.pods > 0 && admitted.len() as i64 + 1 > allocatable.pods {
+            return Some(insufficient("pods", 1, admitted.len() as i64, allocatable.pods));
+        }
+        let mut names = vec!["cpu".to_string(), "memory".into(), "ephemeral-storage".into()];
+        names.extend(pod.requests.scalar.keys().cloned());
+        for name in &names {
+            let requested = pod.requests.get(name);
+            if requested == 0 {
+                continue;
+            }
+            let (used, capacity) = (used(name), allocatable.get(name));
+            if used + requested > capacity {
+                return Some(insufficient(name, requested, used, capacity));
+            }
+        }
+        let taken: HashSet<(&str, i32)> =
+            admitted.iter().flat_map(|p| p.host_ports.iter().map(|h| (h.protocol.as_str(), h.port))).collect();
+        if pod.host_ports.iter().any(|h| taken.contains(&(h.protocol.as_str(), h.port))) {
+            return Some((
+                "NodePorts".into(),
+                "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports".into(),
+            ));
+        }
+        None
+    }
+
+    /// Fails a pod that admission rejected, as kubelet's `rejectPod`.
+    fn reject(&self, pod: Pod, reason: String, message: String) {
+        tracing::info!("pod {} rejected: {message}", spec::full_name(&pod));
+        self.ctx.event(&pod, EventType::Warning, &reason, message.clone());
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            let status =
+                json!({"phase": "Failed", "reason": reason, "message": format!("Pod was rejected: {message}")});
+            if let Err(e) = ctx.write_status(&pod, status).await {
+                tracing::warn!("pod {}: writing status: {}", spec::full_name(&pod), e.message);
+            }
+        });
+    }
+
+    /// PLEG: relists sandboxes and containers every second and wakes the workers of pods whose
+    /// sandboxes or containers changed state (or appeared, or vanished).
+    async fn relist(self: Arc<Self>) {
+        let mut known: HashMap<String, (i32, String)> = HashMap::new();
+        let mut tick = tokio::time::interval(RELIST_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let cri = &self.ctx.cri;
+            let (containers, sandboxes) = tokio::join!(
+                cri.list_containers(cri::ListContainersRequest::default()),
+                cri.list_pod_sandbox(cri::ListPodSandboxRequest::default())
+            );
+            let (Ok(containers), Ok(sandboxes)) = (containers, sandboxes) else { continue };
+            self.ctx.health.relisted.store(super::unix_now(), Ordering::Relaxed);
+            let mut now: HashMap<String, (i32, String)> = HashMap::with_capacity(known.len());
+            for c in containers.containers {
+                let uid = c.labels.get(keys::POD_UID).cloned().unwrap_or_default();
+                now.insert(c.id, (c.state, uid));
+            }
+            for s in sandboxes.items {
+                let uid = s.labels.get(keys::POD_UID).cloned().unwrap_or_default();
+                now.insert(s.id, (s.state + 100, uid));
+            }
+            let mut changed: HashSet<&str> = HashSet::new();
+            for (id, (state, uid)) in &now {
+                if known.get(id).is_none_or(|(old, _)| old != state) {
+                    changed.insert(uid);
+                }
+            }
+            for (id, (_, uid)) in &known {
+                if !now.contains_key(id) {
+                    changed.insert(uid);
+                }
+            }
+            for uid in changed.into_iter().filter(|u| !u.is_empty()) {
+                self.wake(uid);
+            }
+            known = now;
+        }
+    }
+
+    /// Probe results: every failure becomes an `Unhealthy` event; a flip wakes the pod's worker
+    /// (a failed liveness or startup probe marks the container for restart first).
+    async fn route_probes(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<ProbeEvent>) {
+        loop {
+            let event = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                e = rx.recv() => match e { Some(e) => e, None => return },
+            };
+            let reason = if matches!(event.what, What::Warning { .. }) { "ProbeWarning" } else { "Unhealthy" };
+            match event.what {
+                What::Failed { message } | What::Warning { message } => {
+                    let pod = self.workers().get(&event.uid).and_then(|h| h.tx.borrow().clone());
+                    if let Some(pod) = pod {
+                        self.ctx.event(&pod, EventType::Warning, reason, message);
+                    }
+                }
+                What::Changed(ok) => {
+                    if !ok && matches!(event.kind, Kind::Liveness | Kind::Startup) {
+                        self.ctx
+                            .unhealthy
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(event.container_id, event.kind);
+                    }
+                    self.wake(&event.uid);
+                }
+            }
+        }
+    }
+
+    /// Rotates the log of every running container past `logs::DEFAULT_MAX_SIZE` (kubelet's
+    /// `containerLogMaxSize` 10Mi, `containerLogMaxFiles` 5), so a chatty pod cannot fill the disk.
+    async fn rotate_logs(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(logs::MONITOR_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let running = cri::ContainerFilter {
+                state: Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 }),
+                ..Default::default()
+            };
+            let Ok(list) = self.ctx.cri.list_containers(cri::ListContainersRequest { filter: Some(running) }).await
+            else {
+                continue;
+            };
+            for c in list.containers {
+                let label = |k: &str| c.labels.get(k).map(String::as_str).unwrap_or_default();
+                let (ns, name, uid, container) = (
+                    label(keys::POD_NAMESPACE),
+                    label(keys::POD_NAME),
+                    label(keys::POD_UID),
+                    label(keys::CONTAINER_NAME),
+                );
+                if uid.is_empty() {
+                    continue;
+                }
+                let restarts: i32 = c.annotations.get(keys::RESTART_COUNT).and_then(|r| r.parse().ok()).unwrap_or(0);
+                let path =
+                    self.ctx.logs_dir.join(format!("{ns}_{name}_{uid}")).join(spec::log_path(container, restarts));
+                let cri = &self.ctx.cri;
+                let id = c.id.clone();
+                let reopen = move || {
+                    Box::pin(async move {
+                        cri.reopen_container_log(cri::ReopenContainerLogRequest { container_id: id }).await?;
+                        Ok(())
+                    }) as futures::future::BoxFuture<'_, anyhow::Result<()>>
+                };
+                match logs::rotate(&path, logs::DEFAULT_MAX_SIZE, logs::DEFAULT_MAX_FILES, reopen).await {
+                    Ok(true) => tracing::debug!("rotated {}", path.display()),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!("rotating the log of container {container} of pod {ns}/{name}: {e:#}"),
+                }
+            }
+        }
+    }
+
+    /// Stops and removes sandboxes of pods this node no longer has, and removes their directories
+    /// and cgroups (kubelet's `HandlePodCleanups`).
+    async fn housekeeping(&self) {
+        let known: HashSet<String> = self.workers().keys().cloned().collect();
+        let Ok(sandboxes) = self.ctx.cri.list_pod_sandbox(cri::ListPodSandboxRequest::default()).await else { return };
+        for s in sandboxes.items {
+            let Some(uid) = s.labels.get(keys::POD_UID) else { continue };
+            if known.contains(uid) {
+                continue;
+            }
+            tracing::info!("removing the sandbox {} of pod {uid}, which this node no longer runs", s.id);
+            let id = s.id.clone();
+            let _ = self.ctx.cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() }).await;
+            let _ = self.ctx.cri.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id }).await;
+        }
+        if let Ok(dirs) = std::fs::read_dir(&self.ctx.pods_dir) {
+            for dir in dirs.flatten() {
+                let uid = dir.file_name().to_string_lossy().to_string();
+                if !known.contains(&uid)
+                    && let Err(e) = volumes::teardown(&dir.path())
+                {
+                    tracing::warn!("removing the directory of gone pod {uid}: {e}");
+                }
+            }
+        }
+        if let Some(cg) = &self.ctx.cgroups
+            && let Ok(pods) = cg.pods()
+        {
+            for (uid, qos) in pods.into_iter().filter(|(u, _)| !known.contains(u)) {
+                if let Err(e) = cg.remove_pod(&uid, qos) {
+                    tracing::warn!("removing the cgroup of gone pod {uid}: {e}");
+                }
+            }
+        }
+        self.ctx.backoff().gc(std::time::Instant::now());
+    }
+}
+
+/// upstream's `InsufficientResourceError` as kubelet reports it: reason `OutOf<resource>`.
+fn insufficient(name: &str, requested: i64, used: i64, capacity: i64) -> (String, String) {
+    (
+        format!("OutOf{name}"),
+        format!("Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"),
+    )
+}

@@ -1,0 +1,345 @@
+//! The CRI configurations kubelet derives from a pod: the sandbox (`generatePodSandboxConfig`) and each
+//! container (`generateContainerConfig`), with kubelet's labels and annotations, so that what the
+//! runtime holds can be matched back to the pod after a restart.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Container, Pod, SecurityContext};
+use sha2::{Digest, Sha256};
+
+use super::status::keys;
+use crate::runtime::cri;
+
+/// Paths hidden from unprivileged containers (upstream `securitycontext.DefaultMaskedPaths`).
+const MASKED_PATHS: &[&str] = &[
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+/// Paths read-only in unprivileged containers (upstream `securitycontext.DefaultReadonlyPaths`).
+const READONLY_PATHS: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+
+pub fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+pub fn name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+pub fn namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+/// `name_namespace(uid)`, as kubelet names a pod in messages.
+pub fn full_name(pod: &Pod) -> String {
+    format!("{}_{}({})", name(pod), namespace(pod), uid(pod))
+}
+pub fn host_network(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false)
+}
+
+/// The pod's log directory: `<logs root>/<namespace>_<name>_<uid>`, as kubelet's `/var/log/pods`.
+pub fn log_dir(logs_root: &Path, pod: &Pod) -> std::path::PathBuf {
+    logs_root.join(format!("{}_{}_{}", namespace(pod), name(pod), uid(pod)))
+}
+
+/// A container's log file relative to the pod's log directory.
+pub fn log_path(container: &str, restart_count: i32) -> String {
+    format!("{container}/{restart_count}.log")
+}
+
+/// The hash kubelet keeps on a container to notice that its spec changed (then it is restarted).
+pub fn container_hash(c: &Container) -> String {
+    let json = serde_json::to_vec(c).unwrap_or_default();
+    let digest = Sha256::digest(json);
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn pod_labels(pod: &Pod) -> HashMap<String, String> {
+    [(keys::POD_NAME, name(pod)), (keys::POD_NAMESPACE, namespace(pod)), (keys::POD_UID, uid(pod))]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// CRI label selector for everything of this pod.
+pub fn uid_selector(uid: &str) -> HashMap<String, String> {
+    HashMap::from([(keys::POD_UID.to_string(), uid.to_string())])
+}
+
+fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mode = |node: bool, pod_mode: cri::NamespaceMode| {
+        if node { cri::NamespaceMode::Node as i32 } else { pod_mode as i32 }
+    };
+    let pid = if spec.share_process_namespace.unwrap_or(false) {
+        cri::NamespaceMode::Pod
+    } else {
+        cri::NamespaceMode::Container
+    };
+    cri::NamespaceOption {
+        network: mode(spec.host_network.unwrap_or(false), cri::NamespaceMode::Pod),
+        pid: mode(spec.host_pid.unwrap_or(false), pid),
+        ipc: mode(spec.host_ipc.unwrap_or(false), cri::NamespaceMode::Pod),
+        ..Default::default()
+    }
+}
+
+fn protocol(p: Option<&str>) -> i32 {
+    match p {
+        Some("UDP") => cri::Protocol::Udp as i32,
+        Some("SCTP") => cri::Protocol::Sctp as i32,
+        _ => cri::Protocol::Tcp as i32,
+    }
+}
+
+/// The pod's DNS settings: `None` policy and `dnsConfig` as given; otherwise the runtime copies the
+/// node's resolv.conf (cairn runs no cluster DNS yet, so `ClusterFirst` falls back to `Default`,
+/// as kubelet does without `--cluster-dns`).
+fn dns_config(pod: &Pod) -> Option<cri::DnsConfig> {
+    let spec = pod.spec.as_ref()?;
+    let extra = spec.dns_config.clone();
+    if spec.dns_policy.as_deref() != Some("None") && extra.is_none() {
+        return None;
+    }
+    let mut dns = cri::DnsConfig::default();
+    if spec.dns_policy.as_deref() != Some("None") {
+        let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        for line in host.lines() {
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("nameserver") => dns.servers.extend(words.map(String::from)),
+                Some("search") => dns.searches.extend(words.map(String::from)),
+                Some("options") => dns.options.extend(words.map(String::from)),
+                _ => {}
+            }
+        }
+    }
+    if let Some(extra) = extra {
+        dns.servers.extend(extra.nameservers.unwrap_or_default());
+        dns.searches.extend(extra.searches.unwrap_or_default());
+        for o in extra.options.unwrap_or_default() {
+            let Some(name) = o.name else { continue };
+            dns.options.retain(|x| x.split(':').next() != Some(name.as_str()));
+            dns.options.push(match o.value {
+                Some(v) => format!("{name}:{v}"),
+                None => name,
+            });
+        }
+    }
+    dns.servers.dedup();
+    dns.searches.dedup();
+    Some(dns)
+}
+
+/// The sandbox configuration of `pod`.
+pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_parent: String) -> cri::PodSandboxConfig {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mut labels = pod.metadata.labels.clone().unwrap_or_default().into_iter().collect::<HashMap<_, _>>();
+    labels.extend(pod_labels(pod));
+    let port_mappings = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten().filter(|c| super::status::is_sidecar(c)))
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.is_some_and(|h| h > 0))
+        .map(|p| cri::PortMapping {
+            protocol: protocol(p.protocol.as_deref()),
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or_default(),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect();
+    let hostname = if spec.host_network.unwrap_or(false) {
+        String::new()
+    } else {
+        let h = spec.hostname.clone().unwrap_or_else(|| name(pod).to_string());
+        h.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_string()
+    };
+    let psc = spec.security_context.clone().unwrap_or_default();
+    let privileged = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| c.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false));
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name(pod).into(),
+            uid: uid(pod).into(),
+            namespace: namespace(pod).into(),
+            attempt,
+        }),
+        hostname,
+        log_directory: log_dir.display().to_string(),
+        dns_config: dns_config(pod),
+        port_mappings,
+        labels,
+        annotations: pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent,
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(pod)),
+                run_as_user: psc.run_as_user.map(|value| cri::Int64Value { value }),
+                run_as_group: psc.run_as_group.map(|value| cri::Int64Value { value }),
+                supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+                privileged,
+                ..Default::default()
+            }),
+            sysctls: psc.sysctls.unwrap_or_default().into_iter().map(|s| (s.name, s.value)).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The container's effective security context: the container's own fields over the pod's.
+fn security_context(pod: &Pod, c: &Container) -> cri::LinuxContainerSecurityContext {
+    let psc = pod.spec.as_ref().and_then(|s| s.security_context.clone()).unwrap_or_default();
+    let sc: SecurityContext = c.security_context.clone().unwrap_or_default();
+    let privileged = sc.privileged.unwrap_or(false);
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let strip = |v: Option<Vec<String>>| -> Vec<String> {
+        v.unwrap_or_default().into_iter().map(|c| c.trim_start_matches("CAP_").to_string()).collect()
+    };
+    let run_as_user = sc.run_as_user.or(psc.run_as_user);
+    let run_as_group = sc.run_as_group.or(psc.run_as_group);
+    cri::LinuxContainerSecurityContext {
+        capabilities: Some(cri::Capability {
+            add_capabilities: strip(caps.add),
+            drop_capabilities: strip(caps.drop),
+            ..Default::default()
+        }),
+        privileged,
+        namespace_options: Some(namespace_options(pod)),
+        run_as_user: run_as_user.map(|value| cri::Int64Value { value }),
+        run_as_group: run_as_group.map(|value| cri::Int64Value { value }),
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        supplemental_groups: psc.supplemental_groups.unwrap_or_default(),
+        no_new_privs: sc.allow_privilege_escalation == Some(false),
+        masked_paths: if privileged { vec![] } else { MASKED_PATHS.iter().map(|p| p.to_string()).collect() },
+        readonly_paths: if privileged { vec![] } else { READONLY_PATHS.iter().map(|p| p.to_string()).collect() },
+        ..Default::default()
+    }
+}
+
+/// Everything a container's configuration needs besides the pod and its spec.
+pub struct ContainerInputs {
+    pub restart_count: i32,
+    pub env: Vec<(String, String)>,
+    pub mounts: Vec<cri::Mount>,
+    pub resources: cri::LinuxContainerResources,
+}
+
+/// The container configuration of `c` in `pod`.
+pub fn container_config(pod: &Pod, c: &Container, inputs: ContainerInputs) -> cri::ContainerConfig {
+    let expand = |v: &Option<Vec<String>>| -> Vec<String> {
+        v.iter().flatten().map(|s| super::env::expand(s, &inputs.env)).collect()
+    };
+    let mut labels = pod_labels(pod);
+    labels.insert(keys::CONTAINER_NAME.into(), c.name.clone());
+    let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
+    let mut annotations = HashMap::from([
+        (keys::CONTAINER_HASH.to_string(), container_hash(c)),
+        (keys::RESTART_COUNT.to_string(), inputs.restart_count.to_string()),
+        (
+            "io.kubernetes.container.terminationMessagePath".to_string(),
+            c.termination_message_path.clone().unwrap_or_else(|| "/dev/termination-log".into()),
+        ),
+        (
+            "io.kubernetes.container.terminationMessagePolicy".to_string(),
+            c.termination_message_policy.clone().unwrap_or_else(|| "File".into()),
+        ),
+        (keys::TERMINATION_GRACE.to_string(), grace.to_string()),
+    ]);
+    if let Some(pre_stop) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref())
+        && let Ok(json) = serde_json::to_string(pre_stop)
+    {
+        annotations.insert(keys::PRE_STOP.to_string(), json);
+    }
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata { name: c.name.clone(), attempt: inputs.restart_count as u32 }),
+        image: Some(cri::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() }),
+        command: expand(&c.command),
+        args: expand(&c.args),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: inputs.env.iter().map(|(key, value)| cri::KeyValue { key: key.clone(), value: value.clone() }).collect(),
+        mounts: inputs.mounts,
+        labels,
+        annotations,
+        log_path: log_path(&c.name, inputs.restart_count),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(cri::LinuxContainerConfig {
+            resources: Some(inputs.resources),
+            security_context: Some(security_context(pod, c)),
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn sandbox_carries_identity_ports_and_namespaces() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u1", "labels": {"app": "web"}},
+            "spec": {"hostPID": true, "containers": [{"name": "c", "image": "busybox",
+                "ports": [{"containerPort": 80, "hostPort": 8080}, {"containerPort": 53, "protocol": "UDP"}]}]}
+        }));
+        let cfg = sandbox_config(&p, 2, Path::new("/logs/ns_web_u1"), "/kubepods/besteffort/podu1".into());
+        let meta = cfg.metadata.unwrap();
+        assert_eq!(
+            (meta.name.as_str(), meta.namespace.as_str(), meta.uid.as_str(), meta.attempt),
+            ("web", "ns", "u1", 2)
+        );
+        assert_eq!(cfg.hostname, "web");
+        assert_eq!(cfg.labels["app"], "web");
+        assert_eq!(cfg.labels[keys::POD_UID], "u1");
+        assert_eq!(cfg.port_mappings.len(), 1, "only ports with a hostPort are mapped");
+        assert_eq!(cfg.port_mappings[0].host_port, 8080);
+        let ns = cfg.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.pid, cri::NamespaceMode::Node as i32);
+        assert_eq!(ns.network, cri::NamespaceMode::Pod as i32);
+    }
+
+    #[test]
+    fn container_config_expands_and_annotates() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [{"name": "c", "image": "busybox", "command": ["echo", "$(GREETING)", "$$(x)"],
+                "securityContext": {"capabilities": {"add": ["CAP_NET_ADMIN"]}, "runAsUser": 1000,
+                    "allowPrivilegeEscalation": false}}]}
+        }));
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let inputs = ContainerInputs {
+            restart_count: 3,
+            env: vec![("GREETING".into(), "hi".into())],
+            mounts: vec![],
+            resources: Default::default(),
+        };
+        let cfg = container_config(&p, c, inputs);
+        assert_eq!(cfg.command, ["echo", "hi", "$(x)"]);
+        assert_eq!(cfg.log_path, "c/3.log");
+        assert_eq!(cfg.annotations[keys::RESTART_COUNT], "3");
+        assert_eq!(cfg.annotations[keys::CONTAINER_HASH], container_hash(c));
+        let sc = cfg.linux.unwrap().security_context.unwrap();
+        assert_eq!(sc.capabilities.unwrap().add_capabilities, ["NET_ADMIN"]);
+        assert_eq!(sc.run_as_user.unwrap().value, 1000);
+        assert!(sc.no_new_privs);
+        assert!(!sc.masked_paths.is_empty());
+    }
+}

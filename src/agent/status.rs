@@ -1,0 +1,413 @@
+//! What the runtime says about one pod, and the API status kubelet derives from it
+//! (`generateAPIPodStatus`, `convertToAPIContainerStatuses`, `getPhase`, the pod conditions).
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+    Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::runtime::cri;
+
+/// CRI labels and annotations kubelet puts on sandboxes and containers.
+pub mod keys {
+    pub const POD_NAME: &str = "io.kubernetes.pod.name";
+    pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+    pub const POD_UID: &str = "io.kubernetes.pod.uid";
+    pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+    pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
+    pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
+    pub const TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
+    pub const PRE_STOP: &str = "io.kubernetes.container.preStopHandler";
+}
+
+/// One container as the runtime reports it.
+#[derive(Debug, Clone)]
+pub struct RuntimeContainer {
+    pub id: String,
+    pub name: String,
+    pub restart_count: i32,
+    pub hash: String,
+    pub state: cri::ContainerState,
+    /// `ContainerStatus`: exit code, reason, times, image reference.
+    pub status: Option<cri::ContainerStatus>,
+    pub annotations: HashMap<String, String>,
+}
+
+impl RuntimeContainer {
+    pub fn running(&self) -> bool {
+        self.state == cri::ContainerState::ContainerRunning
+    }
+    pub fn exited(&self) -> bool {
+        self.state == cri::ContainerState::ContainerExited
+    }
+    pub fn exit_code(&self) -> Option<i32> {
+        self.status.as_ref().filter(|_| self.exited()).map(|s| s.exit_code)
+    }
+    /// When the container exited (nanoseconds since the epoch).
+    pub fn finished_at(&self) -> Option<i64> {
+        self.status.as_ref().filter(|_| self.exited()).map(|s| s.finished_at)
+    }
+}
+
+/// The runtime's view of one pod: sandboxes and containers, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimePod {
+    pub sandboxes: Vec<cri::PodSandbox>,
+    pub containers: Vec<RuntimeContainer>,
+}
+
+impl RuntimePod {
+    /// The containers of one name, newest first.
+    pub fn of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a RuntimeContainer> + 'a {
+        self.containers.iter().filter(move |c| c.name == name)
+    }
+    pub fn latest<'a>(&'a self, name: &'a str) -> Option<&'a RuntimeContainer> {
+        self.of(name).next()
+    }
+    /// The newest sandbox that is ready.
+    pub fn ready_sandbox(&self) -> Option<&cri::PodSandbox> {
+        self.sandboxes.iter().find(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
+    }
+    pub fn running(&self) -> impl Iterator<Item = &RuntimeContainer> {
+        self.containers.iter().filter(|c| c.running())
+    }
+}
+
+/// What the agent knows beyond the runtime, fed into the status.
+#[derive(Debug)]
+pub struct Inputs<'a> {
+    /// Why a container is waiting (`CrashLoopBackOff`, `ErrImagePull`, ...) and the message.
+    pub waiting: &'a HashMap<String, (String, String)>,
+    /// Per container: (started, ready) from the probes; absent = no probe of that kind.
+    pub probes: &'a HashMap<String, (Option<bool>, Option<bool>)>,
+    pub pod_ips: &'a [String],
+    pub host_ip: Option<&'a str>,
+    pub sandbox_ready: bool,
+    /// e.g. `containerd`, the prefix of container IDs.
+    pub runtime_name: &'a str,
+    /// Set when the pod was stopped for good (deleted, deadline, finished): the phase is terminal.
+    pub terminal: Option<(&'a str, &'a str)>,
+}
+
+pub fn time_from_ns(ns: i64) -> Option<Time> {
+    (ns > 0)
+        .then(|| Timestamp::from_nanosecond(i128::from(ns)).ok())
+        .flatten()
+        .map(|t| Time(t.round(k8s_openapi::jiff::Unit::Second).unwrap_or(t)))
+}
+
+pub fn now() -> Time {
+    Time(Timestamp::from_second(chrono::Utc::now().timestamp()).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+fn restart_policy(pod: &Pod) -> &str {
+    pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always")
+}
+
+/// Whether a container that exited with `code` is started again under the pod's restart policy
+/// (a sidecar always is).
+pub fn should_restart(pod: &Pod, container: &Container, code: i32) -> bool {
+    match container.restart_policy.as_deref().unwrap_or(restart_policy(pod)) {
+        "Always" => true,
+        "OnFailure" => code != 0,
+        _ => false,
+    }
+}
+
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
+fn terminated(c: &RuntimeContainer) -> Option<ContainerStateTerminated> {
+    let s = c.status.as_ref()?;
+    if !c.exited() {
+        return None;
+    }
+    Some(ContainerStateTerminated {
+        exit_code: s.exit_code,
+        reason: Some(if s.reason.is_empty() {
+            if s.exit_code == 0 { "Completed".into() } else { "Error".into() }
+        } else {
+            s.reason.clone()
+        }),
+        message: (!s.message.is_empty()).then(|| s.message.clone()),
+        started_at: time_from_ns(s.started_at),
+        finished_at: time_from_ns(s.finished_at),
+        container_id: Some(String::new()),
+        signal: None,
+    })
+}
+
+fn state_of(c: &RuntimeContainer, runtime_name: &str) -> ContainerState {
+    let mut t = terminated(c);
+    if let Some(t) = &mut t {
+        t.container_id = Some(format!("{runtime_name}://{}", c.id));
+    }
+    match (c.state, t) {
+        (cri::ContainerState::ContainerRunning, _) => ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: c.status.as_ref().and_then(|s| time_from_ns(s.started_at)),
+            }),
+            ..Default::default()
+        },
+        (_, Some(t)) => ContainerState { terminated: Some(t), ..Default::default() },
+        _ => waiting("ContainerCreating", ""),
+    }
+}
+
+fn waiting(reason: &str, message: &str) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.into()),
+            message: (!message.is_empty()).then(|| message.into()),
+        }),
+        ..Default::default()
+    }
+}
+
+/// One container's status. `default_waiting` is the reason shown before it ever ran
+/// (`ContainerCreating`, or `PodInitializing` for app containers behind init containers).
+fn container_status(spec: &Container, rt: &RuntimePod, inputs: &Inputs, default_waiting: &str) -> ContainerStatus {
+    let mut all = rt.of(&spec.name);
+    let latest = all.next();
+    let previous = all.next();
+    let mut status = ContainerStatus {
+        name: spec.name.clone(),
+        image: spec.image.clone().unwrap_or_default(),
+        image_id: String::new(),
+        ready: false,
+        restart_count: 0,
+        started: Some(false),
+        state: Some(waiting(default_waiting, "")),
+        last_state: Some(ContainerState::default()),
+        ..Default::default()
+    };
+    let Some(latest) = latest else {
+        if let Some((reason, message)) = inputs.waiting.get(&spec.name) {
+            status.state = Some(waiting(reason, message));
+        }
+        return status;
+    };
+    status.container_id = Some(format!("{}://{}", inputs.runtime_name, latest.id));
+    status.restart_count = latest.restart_count;
+    if let Some(s) = &latest.status {
+        if let Some(image) = s.image.as_ref().filter(|i| !i.image.is_empty()) {
+            status.image = image.image.clone();
+        }
+        status.image_id = s.image_ref.clone();
+    }
+    let state = state_of(latest, inputs.runtime_name);
+    let previous_state = previous.map(|p| state_of(p, inputs.runtime_name)).unwrap_or_default();
+    let waiting_reason = inputs.waiting.get(&spec.name);
+    if latest.running() {
+        let (started, ready) = inputs.probes.get(&spec.name).copied().unwrap_or((None, None));
+        let started = started.unwrap_or(true);
+        status.started = Some(started);
+        status.ready = started && ready.unwrap_or(true) && inputs.terminal.is_none();
+        status.state = Some(state);
+        status.last_state = Some(previous_state);
+    } else if latest.exited()
+        && inputs.terminal.is_none()
+        && let Some((reason, message)) = waiting_reason
+    {
+        // Exited and waiting to be started again (CrashLoopBackOff, ...).
+        status.state = Some(waiting(reason, message));
+        status.last_state = Some(state);
+    } else if latest.exited() {
+        status.state = Some(state);
+        status.last_state = Some(previous_state);
+    } else {
+        // Created, not started yet.
+        let (reason, message) = waiting_reason.cloned().unwrap_or_else(|| ("ContainerCreating".into(), String::new()));
+        status.state = Some(waiting(&reason, &message));
+        status.last_state = Some(previous_state);
+    }
+    status
+}
+
+/// Whether an init container has done its part: exited 0, or (a sidecar) started.
+pub fn init_done(c: &Container, rt: &RuntimePod, started: Option<bool>) -> bool {
+    if is_sidecar(c) {
+        return rt.latest(&c.name).is_some_and(|l| l.running() && started.unwrap_or(true))
+            || rt.of(&c.name).any(|x| x.exited());
+    }
+    rt.of(&c.name).any(|x| x.exit_code() == Some(0))
+}
+
+/// upstream `getPhase`.
+fn phase(
+    pod: &Pod,
+    init: &[ContainerStatus],
+    app: &[ContainerStatus],
+    initialized: bool,
+    terminal: bool,
+) -> &'static str {
+    let spec = pod.spec.as_ref();
+    let policy = restart_policy(pod);
+    let init_specs = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
+    if !initialized {
+        // A regular init container that failed for good fails the pod.
+        let failed = init.iter().zip(init_specs).any(|(s, c)| {
+            !is_sidecar(c)
+                && policy == "Never"
+                && s.state.as_ref().and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.exit_code != 0)
+        });
+        if failed {
+            return "Failed";
+        }
+        if !terminal {
+            return "Pending";
+        }
+    }
+    let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for s in app {
+        let st = s.state.clone().unwrap_or_default();
+        if st.running.is_some() {
+            running += 1;
+        } else if let Some(t) = &st.terminated {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some() {
+            stopped += 1;
+        } else {
+            waiting += 1;
+        }
+    }
+    if terminal {
+        return if !app.is_empty() && succeeded == app.len() { "Succeeded" } else { "Failed" };
+    }
+    if waiting > 0 {
+        return "Pending";
+    }
+    if running > 0 {
+        return "Running";
+    }
+    if stopped > 0 {
+        return match policy {
+            "Always" => "Running",
+            _ if stopped == succeeded => "Succeeded",
+            "OnFailure" => "Running",
+            _ => "Failed",
+        };
+    }
+    "Pending"
+}
+
+fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
+    PodCondition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: if ok { None } else { reason.map(String::from) },
+        message: if ok { None } else { message },
+        ..Default::default()
+    }
+}
+
+/// The pod's status from the runtime's view; conditions keep their transition times from `old`
+/// when their status did not change, and conditions owned by others (PodScheduled, ...) are kept.
+pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let old = pod.status.clone().unwrap_or_default();
+    let init_specs = spec.init_containers.clone().unwrap_or_default();
+    let init: Vec<ContainerStatus> =
+        init_specs.iter().map(|c| container_status(c, rt, inputs, "PodInitializing")).collect();
+    let initialized = init_specs.iter().all(|c| init_done(c, rt, inputs.probes.get(&c.name).and_then(|p| p.0)));
+    let app_default = if initialized { "ContainerCreating" } else { "PodInitializing" };
+    let mut app: Vec<ContainerStatus> =
+        spec.containers.iter().map(|c| container_status(c, rt, inputs, app_default)).collect();
+    for s in &mut app {
+        if !initialized && s.state.as_ref().is_some_and(|st| st.waiting.is_some()) && s.container_id.is_none() {
+            s.state = Some(waiting("PodInitializing", ""));
+        }
+    }
+    let terminal = inputs.terminal.is_some();
+    let phase = phase(pod, &init, &app, initialized, terminal);
+
+    let incomplete: Vec<&str> = init_specs
+        .iter()
+        .filter(|c| !init_done(c, rt, inputs.probes.get(&c.name).and_then(|p| p.0)))
+        .map(|c| c.name.as_str())
+        .collect();
+    let unready: Vec<&str> = app
+        .iter()
+        .chain(init.iter().zip(&init_specs).filter(|(_, c)| is_sidecar(c)).map(|(s, _)| s))
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
+    // upstream `GeneratePod*Condition`: a Succeeded pod is "PodCompleted"; a pod that failed or
+    // stopped lists its unready containers.
+    let succeeded = phase == "Succeeded";
+    let (ready_reason, unready_message) = if succeeded {
+        ("PodCompleted", None)
+    } else {
+        ("ContainersNotReady", Some(format!("containers with unready status: [{}]", unready.join(" "))))
+    };
+    let ready = unready.is_empty() && !succeeded;
+    let mut initialized_condition = condition(
+        "Initialized",
+        incomplete.is_empty() || succeeded,
+        Some("ContainersNotInitialized"),
+        Some(format!("containers with incomplete status: [{}]", incomplete.join(" "))),
+    );
+    if succeeded {
+        initialized_condition.reason = Some("PodCompleted".into());
+    }
+    let mut conditions = vec![
+        condition("PodReadyToStartContainers", inputs.sandbox_ready, None, None),
+        initialized_condition,
+        condition("Ready", ready, Some(ready_reason), unready_message.clone()),
+        condition("ContainersReady", ready, Some(ready_reason), unready_message),
+    ];
+    let now = now();
+    let old_conditions = old.conditions.clone().unwrap_or_default();
+    for c in &mut conditions {
+        let prev = old_conditions.iter().find(|o| o.type_ == c.type_);
+        c.last_transition_time = match prev {
+            Some(p) if p.status == c.status => p.last_transition_time.clone(),
+            _ => Some(now.clone()),
+        };
+        c.last_probe_time = None;
+    }
+    // Keep conditions owned by others (PodScheduled, DisruptionTarget, readiness gates).
+    let ours = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"];
+    let mut all: Vec<PodCondition> =
+        old_conditions.iter().filter(|c| !ours.contains(&c.type_.as_str())).cloned().collect();
+    all.extend(conditions);
+
+    let (reason, message) = match inputs.terminal {
+        Some((reason, message)) if !reason.is_empty() => (Some(reason.to_string()), Some(message.to_string())),
+        _ => (old.reason.clone().filter(|_| terminal), old.message.clone().filter(|_| terminal)),
+    };
+    PodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(all),
+        container_statuses: Some(app),
+        init_container_statuses: (!init.is_empty()).then_some(init),
+        host_ip: inputs.host_ip.map(String::from).or(old.host_ip.clone()),
+        host_ips: inputs
+            .host_ip
+            .map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip: ip.into() }])
+            .or(old.host_ips.clone()),
+        pod_ip: inputs.pod_ips.first().cloned().or_else(|| old.pod_ip.clone()),
+        pod_ips: if inputs.pod_ips.is_empty() {
+            old.pod_ips.clone()
+        } else {
+            Some(inputs.pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect())
+        },
+        start_time: old.start_time.clone().or_else(|| Some(now.clone())),
+        qos_class: old
+            .qos_class
+            .clone()
+            .or_else(|| Some(crate::registry::kinds::pod_rules::qos_class(&spec).to_string())),
+        nominated_node_name: old.nominated_node_name.clone(),
+        reason,
+        message,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,509 @@
+//! End to end: the node agent. The real cairn runs its embedded containerd (real containerd + runc)
+//! and the pods are made, watched, read and deleted with the real kubectl, exactly as a user would.
+//! The busybox image is built by the test from Debian's busybox-static and dropped into the
+//! air-gapped images directory.
+//!
+//! These tests need root, containerd, runc and busybox-static (`.ci/run` installs them). They share
+//! the host's `cni0` bridge and netfilter tables, so they take turns.
+
+mod common;
+
+#[allow(dead_code)]
+#[path = "../src/runtime/cri.rs"]
+mod cri;
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{Server, eventually};
+use serde_json::Value;
+
+static HOST: Mutex<()> = Mutex::new(());
+
+const BUSYBOX: &str = "docker.io/cairn-test/busybox:1";
+const CIDR: &str = "10.46.0.0/16";
+
+fn busybox_image() -> Vec<u8> {
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static is needed: apt-get install busybox-static");
+    let mut image = oci_image::ImageBuilder::new(BUSYBOX).file("/bin/busybox", &busybox, 0o755).dir("/tmp", 0o1777);
+    for applet in
+        ["sh", "echo", "cat", "sleep", "httpd", "wget", "test", "touch", "rm", "dd", "mkdir", "true", "false", "head"]
+    {
+        image = image.symlink(&format!("/bin/{applet}"), "busybox");
+    }
+    image.env("PATH=/bin").cmd(&["/bin/sh"]).oci_layout_tar()
+}
+
+/// A cairn server with the agent, its images directory holding the busybox image. Dropping it
+/// removes every pod sandbox (even after a failed check) and stops cairn and its containerd.
+struct Node {
+    server: Option<Server>,
+}
+
+impl Node {
+    fn start() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join("data/agent/images");
+        std::fs::create_dir_all(&images).unwrap();
+        std::fs::write(images.join("busybox.tar"), busybox_image()).unwrap();
+        Node { server: Some(Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", CIDR])) }
+    }
+
+    /// Kills cairn with SIGKILL (containerd and the containers stay) and starts it on the same data.
+    fn restart_after_kill9(&mut self) {
+        let dir = self.server.take().expect("running").kill9();
+        self.server = Some(Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", CIDR]));
+    }
+}
+
+impl std::ops::Deref for Node {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        self.server.as_ref().expect("running")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let Some(server) = self.server.take() else { return };
+        // Pods first, or the agent would make new sandboxes for them.
+        let _ = server.kubectl(&["delete", "pods", "--all", "--force", "--grace-period", "0", "--wait=false"]);
+        let socket = server.dir.path().join("data/agent/containerd/containerd.sock");
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            rt.block_on(async {
+                let cri = cri::Cri::new(&socket);
+                for _ in 0..20 {
+                    let pods = cri.list_pod_sandbox(Default::default()).await.map(|r| r.items).unwrap_or_default();
+                    if pods.is_empty() {
+                        break;
+                    }
+                    for pod in pods {
+                        let id = pod.id;
+                        let _ = cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() }).await;
+                        let _ = cri.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id }).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            });
+        }
+        let _ = server.terminate(Duration::from_secs(30));
+    }
+}
+
+trait Pods {
+    fn pod(&self, name: &str) -> Value;
+    fn wait_pod(&self, name: &str, secs: u64, what: &str, ok: impl Fn(&Value) -> bool) -> Value;
+    fn events(&self, name: &str) -> Vec<(String, String)>;
+}
+
+impl Pods for Server {
+    fn pod(&self, name: &str) -> Value {
+        let out = self.kubectl(&["get", "pod", name, "-o", "json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    /// Polls the pod until `ok` holds; panics with the pod and the server log when it does not.
+    fn wait_pod(&self, name: &str, secs: u64, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let pod = self.pod(name);
+            if ok(&pod) {
+                return pod;
+            }
+            if Instant::now() > deadline {
+                let log = self.log();
+                let tail: String =
+                    log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+                panic!("pod {name}: {what} not seen within {secs}s\n{pod:#}\n--- server log ---\n{tail}");
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// (reason, message) of the pod's events.
+    fn events(&self, name: &str) -> Vec<(String, String)> {
+        let out =
+            self.kubectl(&["get", "events", "--field-selector", &format!("involvedObject.name={name}"), "-o", "json"]);
+        let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e["reason"].as_str().unwrap_or_default().to_string(),
+                    e["message"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn node_ready(node: &Server) -> Option<()> {
+    let nodes: Value = serde_json::from_str(&node.ok(&["get", "nodes", "-o", "json"])).ok()?;
+    nodes["items"][0]["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        .then_some(())
+}
+
+fn phase(pod: &Value) -> &str {
+    pod["status"]["phase"].as_str().unwrap_or_default()
+}
+
+fn container(pod: &Value, i: usize) -> &Value {
+    &pod["status"]["containerStatuses"][i]
+}
+
+fn running(pod: &Value) -> bool {
+    phase(pod) == "Running" && container(pod, 0)["state"]["running"].is_object()
+}
+
+fn ready(pod: &Value) -> bool {
+    container(pod, 0)["ready"] == true
+}
+
+fn restarts(pod: &Value) -> i64 {
+    container(pod, 0)["restartCount"].as_i64().unwrap_or(0)
+}
+
+fn pod_yaml(name: &str, extra_spec: &str, container_extra: &str, script: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+{extra_spec}
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: ["/bin/sh", "-c", {script:?}]
+{container_extra}
+"#
+    )
+}
+
+/// Follows a pod in the background (for at most 150 s) and records when each run of its first
+/// container started and finished, by restart count, until `runs` runs are known.
+type Runs = std::collections::BTreeMap<i64, (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>;
+fn record_runs(node: &Server, name: &str, runs: usize) -> std::thread::JoinHandle<Runs> {
+    let (kubeconfig, name) = (node.kubeconfig.clone(), name.to_string());
+    std::thread::spawn(move || {
+        let mut seen = Runs::new();
+        let deadline = Instant::now() + Duration::from_secs(150);
+        while seen.len() < runs && Instant::now() < deadline {
+            let out = std::process::Command::new(common::kubectl_path())
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(["get", "pod", &name, "-o", "json"])
+                .output()
+                .unwrap();
+            let pod: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            let c = container(&pod, 0);
+            // While waiting to restart, lastState is the newest run; otherwise the one before it.
+            let last_offset = if c["state"]["waiting"].is_object() { 0 } else { 1 };
+            for (state, offset) in [(&c["state"], 0), (&c["lastState"], last_offset)] {
+                let t = &state["terminated"];
+                let (Some(start), Some(end)) = (t["startedAt"].as_str(), t["finishedAt"].as_str()) else { continue };
+                let n = c["restartCount"].as_i64().unwrap_or(0) - offset;
+                seen.insert(n, (time_of(&Value::from(start)), time_of(&Value::from(end))));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        seen
+    })
+}
+
+/// Starts `kubectl get pods -w` for `name`, creates the pod from `yaml`, and collects the waiting
+/// reasons of its first container until all of `want` were seen (at most 60 s).
+fn watch_waiting_reasons(node: &Server, name: &str, yaml: &str, want: &[&str]) -> Vec<String> {
+    use std::io::BufRead as _;
+    let mut watch = std::process::Command::new(common::kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .args(["get", "pods", "-w", "--field-selector", &format!("metadata.name={name}")])
+        .args(["-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason}{\"\\n\"}"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    node.ok_stdin(&["apply", "-f", "-"], yaml);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen: Vec<String> = vec![];
+    while !want.iter().all(|w| seen.iter().any(|s| s == w)) && Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(500))
+            && !line.is_empty()
+            && seen.last() != Some(&line)
+        {
+            seen.push(line);
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    seen
+}
+
+fn time_of(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    v.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a time: {v}"))
+}
+
+#[test]
+fn pods_run_restart_probe_stop_and_report_like_a_kubelet() {
+    let _host = HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let mut node = Node::start();
+    eventually(60, || node.ok(&["get", "nodes", "-o", "name"]).contains("node/").then_some(()));
+    eventually(60, || node_ready(&node));
+    let node_name = node.ok(&["get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"]);
+
+    // Everything is created at once; the checks below overlap in time.
+    let pods = [
+        pod_yaml(
+            "web",
+            "",
+            "    readinessProbe:\n      httpGet: {path: /, port: 8080}\n      periodSeconds: 1",
+            "echo hello from web; echo to stderr >&2; mkdir -p /tmp/www && echo served-by-web > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www",
+        ),
+        pod_yaml("crash", "", "", "echo crashing; exit 3"),
+        pod_yaml(
+            "liveness",
+            "",
+            "    livenessProbe:\n      exec: {command: [test, -f, /tmp/healthy]}\n      periodSeconds: 1\n      failureThreshold: 2",
+            "touch /tmp/healthy; sleep 4; rm /tmp/healthy; sleep 3600",
+        ),
+        pod_yaml(
+            "readiness",
+            "",
+            "    readinessProbe:\n      exec: {command: [test, -f, /tmp/ready]}\n      periodSeconds: 1",
+            "while true; do touch /tmp/ready; sleep 5; rm /tmp/ready; sleep 5; done",
+        ),
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: init
+spec:
+  volumes:
+  - name: work
+    emptyDir: {{}}
+  initContainers:
+  - name: first
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "echo one >> /work/order"]
+    volumeMounts: [{{name: work, mountPath: /work}}]
+  - name: second
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "sleep 1; echo two >> /work/order"]
+    volumeMounts: [{{name: work, mountPath: /work}}]
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "cat /work/order; sleep 3600"]
+    volumeMounts: [{{name: work, mountPath: /work}}]
+"#
+        ),
+        pod_yaml(
+            "hog",
+            "  restartPolicy: Never",
+            "    resources:\n      limits: {memory: 32Mi}",
+            "exec dd if=/dev/zero of=/dev/null bs=200M count=1",
+        ),
+        pod_yaml(
+            "greedy",
+            &format!("  nodeName: {node_name}"),
+            "    resources:\n      requests: {cpu: \"500\"}",
+            "sleep 3600",
+        ),
+        pod_yaml("stubborn", "  terminationGracePeriodSeconds: 4", "", "trap '' TERM; while true; do sleep 1; done"),
+        pod_yaml("polite", "", "", "trap 'exit 0' TERM; while true; do sleep 1; done"),
+        pod_yaml(
+            "done",
+            "  restartPolicy: Never",
+            "    env:\n    - {name: WHO, valueFrom: {fieldRef: {fieldPath: metadata.name}}}",
+            "echo bye from $WHO",
+        ),
+    ];
+    node.ok_stdin(&["apply", "-f", "-"], &pods.join("---\n"));
+    let crash_runs = record_runs(&node, "crash", 4);
+    let noimage_yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: noimage\nspec:\n  containers:\n  - name: main\n    image: localhost:1/cairn-test/missing:1\n";
+
+    // An image that cannot be pulled: ErrImagePull, then ImagePullBackOff (seen through a watch, as
+    // `kubectl get pods -w` shows them).
+    let waiting = |p: &Value, reason: &str| container(p, 0)["state"]["waiting"]["reason"] == reason;
+    let reasons = watch_waiting_reasons(&node, "noimage", noimage_yaml, &["ErrImagePull", "ImagePullBackOff"]);
+    let first = |r: &str| reasons.iter().position(|x| x == r);
+    assert!(
+        first("ErrImagePull").is_some_and(|e| first("ImagePullBackOff").is_some_and(|b| e < b)),
+        "ErrImagePull, then ImagePullBackOff: {reasons:?}"
+    );
+    assert_eq!(phase(&node.pod("noimage")), "Pending");
+    let events = node.events("noimage");
+    assert!(
+        events.iter().any(|(r, m)| r == "Failed" && m.starts_with("Failed to pull image \"localhost:1/")),
+        "{events:?}"
+    );
+    assert!(events.iter().any(|(r, m)| r == "BackOff" && m.starts_with("Back-off pulling image")), "{events:?}");
+
+    // A pod goes Running with an IP in the pod network and serves another pod.
+    let web = node.wait_pod("web", 90, "Running and Ready", |p| running(p) && ready(p));
+    let web_ip = web["status"]["podIP"].as_str().unwrap().to_string();
+    assert!(web_ip.starts_with("10.46.0."), "pod IP {web_ip} is in the node's pod CIDR");
+    assert!(web["status"]["hostIP"].is_string());
+    assert_eq!(web["status"]["qosClass"], "BestEffort");
+    let types: Vec<&str> =
+        web["status"]["conditions"].as_array().unwrap().iter().filter_map(|c| c["type"].as_str()).collect();
+    for t in ["PodScheduled", "PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"] {
+        assert!(types.contains(&t), "condition {t} in {types:?}");
+    }
+    assert!(container(&web, 0)["containerID"].as_str().unwrap().starts_with("containerd://"));
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        &pod_yaml("client", "  restartPolicy: Never", "", &format!("wget -q -O- http://{web_ip}:8080/")),
+    );
+    node.wait_pod("client", 60, "Succeeded", |p| phase(p) == "Succeeded");
+    assert_eq!(node.ok(&["logs", "client"]).trim(), "served-by-web");
+    let logs = node.ok(&["logs", "web"]);
+    assert!(logs.contains("hello from web") && logs.contains("to stderr"), "kubectl logs web: {logs}");
+    let stamped = node.ok(&["logs", "web", "--timestamps", "--tail", "1"]);
+    assert_eq!(stamped.lines().count(), 1, "--tail 1: {stamped}");
+    assert!(
+        stamped.split(' ').next().unwrap().parse::<chrono::DateTime<chrono::Utc>>().is_ok(),
+        "--timestamps: {stamped}"
+    );
+    let reasons: Vec<String> = node.events("web").into_iter().map(|(r, _)| r).collect();
+    for r in ["Scheduled", "Pulled", "Created", "Started"] {
+        assert!(reasons.iter().any(|x| x == r), "event {r} in {reasons:?}");
+    }
+
+    // Downward API env and a finished pod.
+    let done = node.wait_pod("done", 60, "Succeeded", |p| phase(p) == "Succeeded");
+    assert_eq!(container(&done, 0)["state"]["terminated"]["reason"], "Completed");
+    assert_eq!(node.ok(&["logs", "done"]).trim(), "bye from done");
+
+    // Admission: more CPU than the node has.
+    let greedy = node.wait_pod("greedy", 30, "Failed", |p| phase(p) == "Failed");
+    assert_eq!(greedy["status"]["reason"], "OutOfcpu");
+    assert!(
+        greedy["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Pod was rejected: Node didn't have enough resource: cpu")
+    );
+    assert_eq!(greedy["spec"]["nodeName"], node_name.as_str());
+
+    // Init containers ran in order before the app.
+    let init = node.wait_pod("init", 60, "Running", running);
+    let inits = init["status"]["initContainerStatuses"].as_array().unwrap();
+    assert!(inits.iter().all(|s| s["state"]["terminated"]["reason"] == "Completed"), "{inits:#?}");
+    let first_done = time_of(&inits[0]["state"]["terminated"]["finishedAt"]);
+    let second_start = time_of(&inits[1]["state"]["terminated"]["startedAt"]);
+    assert!(first_done <= second_start, "the second init container started after the first finished");
+    eventually(10, || (node.ok(&["logs", "init"]) == "one\ntwo\n").then_some(()));
+
+    // A memory hog is OOMKilled.
+    let hog = node.wait_pod("hog", 60, "Failed", |p| phase(p) == "Failed");
+    let t = &container(&hog, 0)["state"]["terminated"];
+    assert_eq!((t["reason"].as_str(), t["exitCode"].as_i64()), (Some("OOMKilled"), Some(137)), "{hog:#}");
+
+    // Readiness toggles READY 1/1 <-> 0/1 while the container keeps running.
+    node.wait_pod("readiness", 60, "ready", |p| running(p) && ready(p));
+    node.wait_pod("readiness", 20, "not ready", |p| running(p) && !ready(p));
+    let r = node.wait_pod("readiness", 20, "ready again", |p| running(p) && ready(p));
+    assert_eq!(restarts(&r), 0);
+    assert!(node.events("readiness").iter().any(|(r, m)| r == "Unhealthy" && m.starts_with("Readiness probe failed")));
+
+    // A failing liveness probe restarts the container.
+    let l = node.wait_pod("liveness", 60, "restarted", |p| restarts(p) >= 1 && running(p));
+    assert!(l["status"]["containerStatuses"][0]["lastState"]["terminated"].is_object());
+    let events = node.events("liveness");
+    assert!(events.iter().any(|(r, m)| r == "Unhealthy" && m.starts_with("Liveness probe failed")), "{events:?}");
+    assert!(events.iter().any(|(r, m)| r == "Killing" && m.contains("failed liveness probe")), "{events:?}");
+
+    // A crashing container: CrashLoopBackOff with growing delays, phase stays Running.
+    let crash = node.wait_pod("crash", 120, "three restarts", |p| restarts(p) >= 3);
+    assert_eq!(phase(&crash), "Running");
+    node.wait_pod("crash", 60, "CrashLoopBackOff", |p| waiting(p, "CrashLoopBackOff"));
+    let events = node.events("crash");
+    assert!(
+        events.iter().any(|(r, m)| r == "BackOff" && m.starts_with("Back-off restarting failed container main")),
+        "{events:?}"
+    );
+    assert_eq!(node.ok(&["logs", "crash", "--previous"]).trim(), "crashing");
+    let last = &container(&crash, 0)["lastState"]["terminated"];
+    assert_eq!(last["exitCode"], 3);
+    assert_eq!(last["reason"], "Error");
+
+    // Delays grow: no wait before the first restart, then 10 s, then 20 s.
+    let runs = crash_runs.join().unwrap();
+    let gap = |n: i64| Some(runs.get(&n)?.0 - runs.get(&(n - 1))?.1).map(|d| d.num_seconds());
+    let gaps: Vec<Option<i64>> = (1..=3).map(gap).collect();
+    assert!(
+        matches!(gaps.as_slice(), [Some(a), Some(b), Some(c)] if *a <= 2 && (9..=13).contains(b) && (19..=24).contains(c)),
+        "restart delays 0, 10, 20 s: {gaps:?} from {runs:?}"
+    );
+
+    // Graceful deletion: a pod that ignores SIGTERM is killed after its grace period; one that
+    // honours it goes at once.
+    node.wait_pod("stubborn", 60, "Running", running);
+    node.wait_pod("polite", 60, "Running", running);
+    let started = Instant::now();
+    node.ok(&["delete", "pod", "polite"]);
+    let polite = started.elapsed();
+    let started = Instant::now();
+    node.ok(&["delete", "pod", "stubborn"]);
+    let stubborn = started.elapsed();
+    assert!(polite < Duration::from_secs(4), "a pod that exits on SIGTERM is gone at once ({polite:?})");
+    assert!(
+        stubborn >= Duration::from_secs(4) && stubborn < Duration::from_secs(15),
+        "a pod ignoring SIGTERM is killed after its 4 s grace period ({stubborn:?})"
+    );
+    assert!(node.events("stubborn").iter().any(|(r, m)| r == "Killing" && m == "Stopping container main"));
+
+    // kill -9 cairn and start it again: running containers keep their IDs and restart counts.
+    let before: Vec<(String, Value, Value)> = ["web", "init", "liveness"]
+        .iter()
+        .map(|n| {
+            let p = node.pod(n);
+            (n.to_string(), container(&p, 0)["containerID"].clone(), container(&p, 0)["restartCount"].clone())
+        })
+        .collect();
+    node.restart_after_kill9();
+    eventually(60, || node_ready(&node));
+    std::thread::sleep(Duration::from_secs(5));
+    for (name, id, count) in &before {
+        let p = node.wait_pod(name, 30, "Running after the restart", running);
+        assert_eq!(&container(&p, 0)["containerID"], id, "{name} kept its container");
+        assert_eq!(&container(&p, 0)["restartCount"], count, "{name} kept its restart count");
+    }
+    let nodes = node.ok(&["get", "nodes"]);
+    assert!(nodes.lines().nth(1).is_some_and(|l| l.split_whitespace().nth(1) == Some("Ready")), "{nodes}");
+
+    // Deleting everything leaves no sandbox behind.
+    node.ok(&["delete", "pods", "--all", "--grace-period", "1"]);
+    eventually(60, || node.ok(&["get", "pods", "-o", "name"]).trim().is_empty().then_some(()));
+    let cairn = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(args)
+            .arg("--data-dir")
+            .arg(node.dir.path().join("data"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    eventually(30, || (cairn(&["ctr", "pods"]).lines().count() <= 1).then_some(()));
+}
