@@ -411,3 +411,147 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "d", "uid": "u"}, "spec": spec}),
+        )
+        .unwrap()
+    }
+
+    fn container(name: &str, id: &str, rc: i32, state: cri::ContainerState, exit: i32) -> RuntimeContainer {
+        RuntimeContainer {
+            id: id.into(),
+            name: name.into(),
+            restart_count: rc,
+            hash: String::new(),
+            state,
+            status: Some(cri::ContainerStatus {
+                id: id.into(),
+                state: state as i32,
+                started_at: 1_700_000_000_000_000_000,
+                finished_at: if state == cri::ContainerState::ContainerExited { 1_700_000_005_000_000_000 } else { 0 },
+                exit_code: exit,
+                image_ref: "sha256:abc".into(),
+                ..Default::default()
+            }),
+            annotations: HashMap::new(),
+        }
+    }
+
+    fn ready_sandbox() -> cri::PodSandbox {
+        cri::PodSandbox { id: "s".into(), state: cri::PodSandboxState::SandboxReady as i32, ..Default::default() }
+    }
+
+    fn generate_with(p: &Pod, rt: &RuntimePod, waiting: &HashMap<String, (String, String)>) -> PodStatus {
+        let probes = HashMap::new();
+        let ips = vec!["10.42.0.5".to_string()];
+        let inputs = Inputs {
+            waiting,
+            probes: &probes,
+            pod_ips: &ips,
+            host_ip: Some("192.0.2.1"),
+            sandbox_ready: rt.ready_sandbox().is_some(),
+            runtime_name: "containerd",
+            terminal: None,
+        };
+        generate(p, rt, &inputs)
+    }
+
+    fn cond<'a>(s: &'a PodStatus, t: &str) -> &'a PodCondition {
+        s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn a_running_container_makes_a_ready_running_pod_and_a_second_round_changes_nothing() {
+        let mut p = pod(serde_json::json!({"containers": [{"name": "c", "image": "busybox"}]}));
+        let rt = RuntimePod {
+            sandboxes: vec![ready_sandbox()],
+            containers: vec![container("c", "id1", 0, cri::ContainerState::ContainerRunning, 0)],
+        };
+        let s = generate_with(&p, &rt, &HashMap::new());
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(cond(&s, "Ready").status, "True");
+        assert_eq!(cond(&s, "PodReadyToStartContainers").status, "True");
+        let c = &s.container_statuses.as_ref().unwrap()[0];
+        assert!(c.ready && c.started == Some(true));
+        assert_eq!(c.container_id.as_deref(), Some("containerd://id1"));
+        assert_eq!(s.pod_ip.as_deref(), Some("10.42.0.5"));
+        // Fed its own output, the status is identical: nothing to write, no flapping timestamps.
+        p.status = Some(s.clone());
+        let again = generate_with(&p, &rt, &HashMap::new());
+        assert_eq!(serde_json::to_value(&again).unwrap(), serde_json::to_value(&s).unwrap());
+    }
+
+    #[test]
+    fn a_crash_looping_container_waits_with_its_last_run_as_last_state() {
+        let p = pod(serde_json::json!({"containers": [{"name": "c", "image": "busybox"}]}));
+        let rt = RuntimePod {
+            sandboxes: vec![ready_sandbox()],
+            containers: vec![
+                container("c", "id2", 2, cri::ContainerState::ContainerExited, 3),
+                container("c", "id1", 1, cri::ContainerState::ContainerExited, 3),
+            ],
+        };
+        let waiting = HashMap::from([("c".to_string(), ("CrashLoopBackOff".to_string(), "back-off 20s".to_string()))]);
+        let s = generate_with(&p, &rt, &waiting);
+        assert_eq!(s.phase.as_deref(), Some("Running"), "restartPolicy Always keeps the pod Running");
+        let c = &s.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(c.restart_count, 2);
+        assert_eq!(c.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("CrashLoopBackOff"));
+        let last = c.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!((last.exit_code, last.reason.as_deref()), (3, Some("Error")));
+        assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("ContainersNotReady"));
+        assert_eq!(cond(&s, "Ready").message.as_deref(), Some("containers with unready status: [c]"));
+    }
+
+    #[test]
+    fn restart_policy_never_ends_in_succeeded_or_failed() {
+        for (exit, phase) in [(0, "Succeeded"), (1, "Failed")] {
+            let p =
+                pod(serde_json::json!({"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}));
+            let rt = RuntimePod {
+                sandboxes: vec![ready_sandbox()],
+                containers: vec![container("c", "id1", 0, cri::ContainerState::ContainerExited, exit)],
+            };
+            let s = generate_with(&p, &rt, &HashMap::new());
+            assert_eq!(s.phase.as_deref(), Some(phase));
+            let reason = s.container_statuses.as_ref().unwrap()[0]
+                .state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .unwrap()
+                .reason
+                .clone();
+            assert_eq!(reason.as_deref(), Some(if exit == 0 { "Completed" } else { "Error" }));
+        }
+    }
+
+    #[test]
+    fn init_containers_hold_the_app_containers_back() {
+        let p = pod(serde_json::json!({
+            "initContainers": [{"name": "i1", "image": "busybox"}, {"name": "i2", "image": "busybox"}],
+            "containers": [{"name": "c", "image": "busybox"}]
+        }));
+        let rt = RuntimePod {
+            sandboxes: vec![ready_sandbox()],
+            containers: vec![
+                container("i2", "b", 0, cri::ContainerState::ContainerRunning, 0),
+                container("i1", "a", 0, cri::ContainerState::ContainerExited, 0),
+            ],
+        };
+        let s = generate_with(&p, &rt, &HashMap::new());
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        assert_eq!(cond(&s, "Initialized").status, "False");
+        assert_eq!(cond(&s, "Initialized").message.as_deref(), Some("containers with incomplete status: [i2]"));
+        let app = &s.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(app.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
+        assert!(init_done(&p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0], &rt, None));
+    }
+}

@@ -1,0 +1,280 @@
+//! Node agent benchmark: `cargo bench --bench agent` (root, containerd, runc and busybox-static
+//! needed).
+//!
+//! In one run, against one `cairn server` with its agent:
+//! 1. Pod start-up latency as upstream's SLO defines it, from the create request to `Running`
+//!    observed through a watch: one pod at a time, 10 at once and 100 at once (p50, p99, and the
+//!    time until all 100 run).
+//! 2. The raw CRI floor in the same run: `cairn bench cri` (RunPodSandbox + CreateContainer +
+//!    StartContainer by a direct client) against the same containerd, one at a time and 10 at once.
+//! 3. Idle RSS of the cairn process (containerd excluded) with 0 and with 50 pods.
+//! 4. Bytes cairn writes to disk at idle (`/proc/<pid>/io` write_bytes over a quiet window), with
+//!    0 and with 50 pods, extrapolated to an hour; containerd's for comparison.
+//!
+//! Nothing is asserted; figures go to stdout and `target/bench-agent.json`.
+//! Environment: `CAIRN_BENCH_SINGLE` [20] single-pod samples, `CAIRN_BENCH_IDLE_SECS` [120].
+
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use serde_json::{Value, json};
+
+const BUSYBOX: &str = "docker.io/cairn-bench/busybox:1";
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn busybox_image() -> Result<Vec<u8>> {
+    let busybox = std::fs::read("/bin/busybox").context("busybox-static is needed")?;
+    let mut image = oci_image::ImageBuilder::new(BUSYBOX).file("/bin/busybox", &busybox, 0o755);
+    for applet in ["sh", "sleep"] {
+        image = image.symlink(&format!("/bin/{applet}"), "busybox");
+    }
+    Ok(image.oci_layout_tar())
+}
+
+struct Cairn {
+    child: Child,
+    data: PathBuf,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Cairn {
+    fn start() -> Result<Cairn> {
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(data.join("agent/images"))?;
+        std::fs::write(data.join("agent/images/busybox.tar"), busybox_image()?)?;
+        let kubeconfig = dir.path().join("kubeconfig.yaml");
+        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["server", "--bind-address", "127.0.0.1", "--https-listen-port", "0", "--log", "warn"])
+            .args(["--cluster-cidr", "10.48.0.0/16"])
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--write-kubeconfig")
+            .arg(&kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting cairn")?;
+        let cairn = Cairn { child, data, kubeconfig, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !cairn
+            .cairn(&["ctr", "images"])?
+            .stdout
+            .windows(BUSYBOX.len() - 2)
+            .any(|w| w == b"docker.io/cairn-bench/busybox")
+        {
+            if Instant::now() > deadline {
+                bail!("cairn did not import the bench image within 90 s");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(cairn)
+    }
+
+    fn cairn(&self, args: &[&str]) -> Result<std::process::Output> {
+        Ok(Command::new(env!("CARGO_BIN_EXE_cairn")).args(args).arg("--data-dir").arg(&self.data).output()?)
+    }
+
+    async fn client(&self) -> Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    fn containerd_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.data.join("agent/containerd/containerd.pid")).ok()?.trim().parse().ok()
+    }
+}
+
+impl Drop for Cairn {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn write_bytes(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines().find_map(|l| l.strip_prefix("write_bytes:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p / 100.0).round() as usize]
+}
+
+fn summary(mut ms: Vec<f64>) -> Value {
+    ms.sort_by(f64::total_cmp);
+    json!({"n": ms.len(), "p50_ms": pct(&ms, 50.0), "p99_ms": pct(&ms, 99.0), "max_ms": ms.last().copied()})
+}
+
+fn pod(name: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"bench": "agent"}},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "main", "image": BUSYBOX,
+            "imagePullPolicy": "IfNotPresent", "command": ["/bin/sleep", "3600"]}]}
+    }))?)
+}
+
+/// Creates `names` at once and returns each pod's create-to-Running latency (ms), Running observed
+/// through a watch opened before the creates.
+async fn start_pods(pods: &Api<Pod>, names: &[String]) -> Result<Vec<f64>> {
+    let version = pods.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
+    let mut watch = pods.watch(&WatchParams::default().labels("bench=agent").timeout(290), &version).await?.boxed();
+    let mut created: HashMap<String, Instant> = HashMap::new();
+    let creates = futures::future::try_join_all(names.iter().map(|n| async move {
+        let at = Instant::now();
+        pods.create(&PostParams::default(), &pod(n)?).await?;
+        anyhow::Ok((n.clone(), at))
+    }))
+    .await?;
+    created.extend(creates);
+    let mut latencies = HashMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(280);
+    while latencies.len() < names.len() {
+        let event = tokio::time::timeout_at(deadline, watch.try_next()).await.context("pods did not all run")??;
+        let Some(WatchEvent::Added(p) | WatchEvent::Modified(p)) = event else { continue };
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if let (true, Some(at)) = (running, created.get(&name))
+            && !latencies.contains_key(&name)
+        {
+            latencies.insert(name, at.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    Ok(latencies.into_values().collect())
+}
+
+async fn delete_all(pods: &Api<Pod>) -> Result<()> {
+    pods.delete_collection(&DeleteParams::default(), &ListParams::default().labels("bench=agent")).await?;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !pods.list(&ListParams::default().labels("bench=agent")).await?.items.is_empty() {
+        if Instant::now() > deadline {
+            bail!("pods were not deleted within 180 s");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// Bytes `pid` writes to disk over `secs` of idling, per hour.
+async fn idle_writes_per_hour(pid: u32, secs: u64) -> f64 {
+    let before = write_bytes(pid);
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    (write_bytes(pid).saturating_sub(before)) as f64 * 3600.0 / secs as f64
+}
+
+fn bench_cri(cairn: &Cairn, pods: usize, parallel: usize) -> Result<Vec<Value>> {
+    let out = cairn.cairn(&[
+        "bench",
+        "cri",
+        "--image",
+        BUSYBOX,
+        "--pods",
+        &pods.to_string(),
+        "--parallel",
+        &parallel.to_string(),
+        "--command",
+        "/bin/sleep",
+        "3600",
+    ])?;
+    if !out.status.success() {
+        bail!("cairn bench cri failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| Ok(serde_json::from_str(l)?)).collect()
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let singles = env_or("CAIRN_BENCH_SINGLE", 20);
+    let idle_secs = env_or("CAIRN_BENCH_IDLE_SECS", 120) as u64;
+    let cairn = Cairn::start()?;
+    let pid = cairn.child.id();
+    let client = cairn.client().await?;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    // Let start-up settle (first heartbeat, node registration) before measuring.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut report = json!({});
+
+    let rss_0 = rss_kib(pid);
+    let writes_0 = idle_writes_per_hour(pid, idle_secs).await;
+    let containerd_writes_0 = cairn.containerd_pid().map(write_bytes);
+    println!("idle, 0 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_0 as f64 / 1024.0, writes_0 / 1048576.0);
+
+    // Raw CRI floor, then the agent path, one pod at a time.
+    let floor = bench_cri(&cairn, singles, 10)?;
+    println!("raw CRI floor: {}", serde_json::to_string(&floor)?);
+    let mut single = vec![];
+    for i in 0..singles {
+        single.extend(start_pods(&pods, &[format!("single-{i}")]).await?);
+    }
+    let single = summary(single);
+    println!("agent, 1 pod at a time: {single}");
+    delete_all(&pods).await?;
+
+    let mut ten = vec![];
+    for round in 0..2 {
+        let names: Vec<String> = (0..10).map(|i| format!("ten-{round}-{i}")).collect();
+        ten.extend(start_pods(&pods, &names).await?);
+        delete_all(&pods).await?;
+    }
+    let ten = summary(ten);
+    println!("agent, 10 at once: {ten}");
+
+    let started = Instant::now();
+    let names: Vec<String> = (0..100).map(|i| format!("hundred-{i}")).collect();
+    let hundred = start_pods(&pods, &names).await?;
+    let all_running_s = started.elapsed().as_secs_f64();
+    let hundred = summary(hundred);
+    println!("agent, 100 at once: {hundred}, all Running after {all_running_s:.1} s");
+    delete_all(&pods).await?;
+
+    let names: Vec<String> = (0..50).map(|i| format!("fifty-{i}")).collect();
+    start_pods(&pods, &names).await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let rss_50 = rss_kib(pid);
+    let writes_50 = idle_writes_per_hour(pid, idle_secs).await;
+    println!("idle, 50 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_50 as f64 / 1024.0, writes_50 / 1048576.0);
+    delete_all(&pods).await?;
+
+    report["raw_cri_floor"] = json!(floor);
+    report["agent_single"] = single;
+    report["agent_10_at_once"] = ten;
+    report["agent_100_at_once"] = hundred;
+    report["agent_100_all_running_s"] = json!(all_running_s);
+    report["idle_rss_mib"] = json!({"pods_0": rss_0 as f64 / 1024.0, "pods_50": rss_50 as f64 / 1024.0});
+    report["idle_writes_mib_per_hour"] = json!({"pods_0": writes_0 / 1048576.0, "pods_50": writes_50 / 1048576.0,
+        "idle_window_s": idle_secs, "containerd_total_written_mib": containerd_writes_0.map(|b| b as f64 / 1048576.0)});
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-agent.json");
+    std::fs::write(&out, serde_json::to_vec_pretty(&report)?)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
