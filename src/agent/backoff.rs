@@ -25,16 +25,16 @@ fn expired(event: Instant, last_update: Instant) -> bool {
 }
 
 impl Backoff {
-    /// Records a failure at `event`: the first one (or the first after a long quiet spell) waits
-    /// `INITIAL`, each further one twice as long, up to `MAX`.
-    pub fn next(&mut self, key: &str, event: Instant) {
+    /// Records a retry of something that failed at `event`: the first (or the first after a long
+    /// quiet spell) waits `INITIAL` from now, each further one twice as long, up to `MAX`.
+    pub fn next(&mut self, key: &str, event: Instant, now: Instant) {
         match self.entries.get_mut(key) {
             Some(e) if !expired(event, e.last_update) => {
                 e.backoff = (e.backoff * 2).min(MAX);
-                e.last_update = event;
+                e.last_update = now;
             }
             _ => {
-                self.entries.insert(key.to_string(), Entry { backoff: INITIAL, last_update: event });
+                self.entries.insert(key.to_string(), Entry { backoff: INITIAL, last_update: now });
             }
         }
     }
@@ -83,21 +83,21 @@ mod tests {
         let mut b = Backoff::default();
         let t0 = Instant::now();
         assert_eq!(b.blocked_until("k", t0, t0), None, "the first restart is immediate");
-        b.next("k", t0);
+        b.next("k", t0, t0);
         assert_eq!(b.blocked_until("k", t0, t0 + Duration::from_secs(3)), Some(t0 + INITIAL));
         assert_eq!(b.blocked_until("k", t0, t0 + Duration::from_secs(11)), None);
         let mut t = t0;
         let mut seen = vec![];
         for _ in 0..7 {
             t += Duration::from_secs(1);
-            b.next("k", t);
+            b.next("k", t, t);
             seen.push(b.delay("k").as_secs());
         }
         assert_eq!(seen, [20, 40, 80, 160, 300, 300, 300]);
         // Ten quiet minutes: back to the start.
         let later = t + Duration::from_secs(601);
         assert_eq!(b.blocked_until("k", later, later), None);
-        b.next("k", later);
+        b.next("k", later, later);
         assert_eq!(b.delay("k"), INITIAL);
         assert_eq!(b.blocked_since_update("k", later), Some(later + INITIAL));
         assert_eq!(b.blocked_since_update("k", later + INITIAL), None);

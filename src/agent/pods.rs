@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use super::logs;
 use super::probes::{self, Kind, ProbeEvent, ProbeManager, What};
 use super::spec;
 use super::status::keys;
-use super::worker::Worker;
+use super::worker::{Update, Worker};
 use crate::cgroups;
 use crate::events::{EventType, ObjectRef, Recorder};
 use crate::registry::{Registry, Resource, StatusError};
@@ -145,6 +145,11 @@ impl Ctx {
         self.backoff.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Forgets probe failures of containers that are gone.
+    pub fn forget_unhealthy(&self, live: &HashSet<&str>) {
+        self.unhealthy.lock().unwrap_or_else(|e| e.into_inner()).retain(|id, _| live.contains(id.as_str()));
+    }
+
     /// A container whose liveness or startup probe failed, once.
     pub fn take_unhealthy(&self, container_id: &str) -> Option<Kind> {
         self.unhealthy.lock().unwrap_or_else(|e| e.into_inner()).remove(container_id)
@@ -236,12 +241,45 @@ impl Ctx {
         Ok(spec::ContainerInputs { restart_count, env, mounts, resources })
     }
 
-    /// Writes the pod's status if it is still the same pod (UID).
-    pub async fn write_status(&self, pod: &Pod, status: Value) -> Result<(), StatusError> {
+    /// Registry credentials for `image` from the pod's `imagePullSecrets` (`.dockerconfigjson` or
+    /// the older `.dockercfg`), as kubelet's keyring matches them: by registry host.
+    pub fn pull_auth(&self, pod: &Pod, image: &str) -> Option<cri::AuthConfig> {
+        let host = image_registry(image);
+        let secrets = pod.spec.as_ref()?.image_pull_secrets.clone().unwrap_or_default();
+        for name in secrets.iter().filter_map(|s| (!s.name.is_empty()).then_some(s.name.as_str())) {
+            let Some(secret) = volumes::Objects::secret(self, spec::namespace(pod), name) else { continue };
+            let data = secret.data.unwrap_or_default();
+            let auths = if let Some(json) = data.get(".dockerconfigjson") {
+                serde_json::from_slice::<Value>(&json.0).ok().and_then(|v| v.get("auths").cloned())
+            } else {
+                data.get(".dockercfg").and_then(|json| serde_json::from_slice::<Value>(&json.0).ok())
+            };
+            let Some(Value::Object(auths)) = auths else { continue };
+            for (server, entry) in auths {
+                if config_host(&server) != host {
+                    continue;
+                }
+                let field = |k: &str| entry.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+                return Some(cri::AuthConfig {
+                    username: field("username"),
+                    password: field("password"),
+                    auth: field("auth"),
+                    server_address: server.clone(),
+                    identity_token: field("identitytoken"),
+                    registry_token: field("registrytoken"),
+                });
+            }
+        }
+        None
+    }
+
+    /// Writes the pod's status if it is still the same pod (UID); returns the resourceVersion written.
+    pub async fn write_status(&self, pod: &Pod, status: Value) -> Result<u64, StatusError> {
         let uid = spec::uid(pod).to_string();
         let gr = crate::registry::GroupResource { group: String::new(), resource: "pods".into() };
         let name = spec::name(pod).to_string();
-        self.registry
+        let written = self
+            .registry
             .modify(&self.pods, Some(spec::namespace(pod)), spec::name(pod), Some("status"), |cur| {
                 if cur.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid.as_str()) {
                     return Err(StatusError::conflict(&gr, &name, "the pod was replaced (UID changed)"));
@@ -258,8 +296,9 @@ impl Ctx {
                 pod["status"] = merged;
                 Ok(pod)
             })
-            .await
-            .map(drop)
+            .await?;
+        let meta: Value = serde_json::from_slice(&written.object).unwrap_or(Value::Null);
+        Ok(meta.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|v| v.parse().ok()).unwrap_or(0))
     }
 
     /// `SyncTerminatedPod`: the pod's volumes and cgroup go once its containers are stopped.
@@ -287,10 +326,29 @@ impl Ctx {
 }
 
 struct Handle {
-    tx: watch::Sender<Option<Arc<Pod>>>,
+    tx: watch::Sender<Update>,
     wake: Arc<Notify>,
-    /// What admission counts: requests and host ports (None once the pod is finished).
-    info: Option<Arc<PodInfo>>,
+    /// What admission counts: requests and host ports, until the worker has stopped everything.
+    info: Arc<PodInfo>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl Handle {
+    /// Whether the pod still holds node resources (admission counts it).
+    fn active(&self) -> bool {
+        !self.stopped.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether two versions of a pod differ in what a worker acts on (not only in status).
+fn needs_sync(old: &Pod, new: &Pod) -> bool {
+    let strip = |p: &Pod| {
+        let mut meta = p.metadata.clone();
+        meta.resource_version = None;
+        meta.managed_fields = None;
+        meta
+    };
+    old.spec != new.spec || strip(old) != strip(new)
 }
 
 /// The pod side of the agent.
@@ -364,9 +422,17 @@ impl Pods {
             for pod in pods.into_iter().filter(|p| self.mine(p)) {
                 self.on_pod(pod);
             }
-            let gone: Vec<String> = self.workers().keys().filter(|u| !listed.contains(*u)).cloned().collect();
-            for uid in gone {
-                self.on_removed(&uid);
+            let gone: Vec<Pod> = self
+                .workers()
+                .iter()
+                .filter(|(u, _)| !listed.contains(*u))
+                .filter_map(|(_, h)| match &*h.tx.borrow() {
+                    Update::Pod(p) => Some((**p).clone()),
+                    Update::Removed(_) => None,
+                })
+                .collect();
+            for pod in gone {
+                self.on_removed(pod);
             }
             sub.skip_through(listing.revision);
             loop {
@@ -377,7 +443,7 @@ impl Pods {
                         Ok(e) if e.key.starts_with("pods/") => {
                             let Ok(pod) = serde_json::from_slice::<Pod>(&e.object.data) else { continue };
                             if e.kind == StoreEvent::Deleted {
-                                self.on_removed(spec::uid(&pod));
+                                self.on_removed(pod);
                             } else if self.mine(&pod) {
                                 self.on_pod(pod);
                             }
@@ -397,14 +463,21 @@ impl Pods {
         }
     }
 
-    fn on_pod(&self, pod: Pod) {
+    fn on_pod(self: &Arc<Self>, pod: Pod) {
         let uid = spec::uid(&pod).to_string();
         let mut workers = self.workers();
-        if let Some(h) = workers.get_mut(&uid) {
-            if is_finished(&pod) || pod.metadata.deletion_timestamp.is_some() {
-                h.info = None;
-            }
-            h.tx.send_replace(Some(Arc::new(pod)));
+        if let Some(h) = workers.get(&uid) {
+            // A change the pod's own status write caused does not wake the worker.
+            h.tx.send_if_modified(|cur| {
+                let wake = match cur {
+                    Update::Pod(old) => needs_sync(old, &pod),
+                    Update::Removed(_) => false,
+                };
+                if matches!(cur, Update::Pod(_)) {
+                    *cur = Update::Pod(Arc::new(pod));
+                }
+                wake
+            });
             return;
         }
         let active = !is_finished(&pod) && pod.metadata.deletion_timestamp.is_none();
@@ -415,13 +488,28 @@ impl Pods {
             return;
         }
         let pod = Arc::new(pod);
-        let (tx, rx) = watch::channel(Some(pod.clone()));
+        let (tx, rx) = watch::channel(Update::Pod(pod.clone()));
         let wake = Arc::new(Notify::new());
-        let worker = Worker::new(self.ctx.clone(), pod, rx, wake.clone());
-        tokio::spawn(worker.run(self.shutdown.clone()));
-        workers.insert(uid, Handle { tx, wake, info: active.then_some(info) });
+        let stopped = Arc::new(AtomicBool::new(!active));
+        let worker = Worker::new(self.ctx.clone(), pod, rx, wake.clone(), stopped.clone());
+        let (manager, shutdown, key) = (self.clone(), self.shutdown.clone(), uid.clone());
+        tokio::spawn(async move {
+            worker.run(shutdown).await;
+            // Only now is the pod forgotten: housekeeping leaves a terminating pod alone.
+            manager.workers().remove(&key);
+        });
+        workers.insert(uid, Handle { tx, wake, info, stopped });
         drop(workers);
         self.update_qos();
+    }
+
+    /// The pod is gone from the API: its worker stops what still runs and cleans up.
+    fn on_removed(&self, pod: Pod) {
+        let uid = spec::uid(&pod).to_string();
+        let found = self.workers().get(&uid).map(|h| h.tx.send_replace(Update::Removed(Arc::new(pod)))).is_some();
+        if found {
+            self.update_qos();
+        }
     }
 
     /// kubelet's `UpdateQOSCgroups`: the burstable tier's CPU shares follow its pods' requests.
@@ -430,23 +518,17 @@ impl Pods {
         let active: Vec<Pod> = self
             .workers()
             .values()
-            .filter(|h| h.info.is_some())
-            .filter_map(|h| h.tx.borrow().as_deref().cloned())
+            .filter(|h| h.active())
+            .filter_map(|h| match &*h.tx.borrow() {
+                Update::Pod(p) => Some((**p).clone()),
+                Update::Removed(_) => None,
+            })
             .collect();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = cg.update_qos(&active) {
                 tracing::warn!("updating the QoS cgroups: {e}");
             }
         });
-    }
-
-    fn on_removed(&self, uid: &str) {
-        let removed = self.workers().remove(uid);
-        if let Some(h) = removed {
-            // The worker sees `None`, stops the pod and cleans up, then ends.
-            h.tx.send_replace(None);
-            self.update_qos();
-        }
     }
 
     fn wake(&self, uid: &str) {
@@ -460,7 +542,7 @@ impl Pods {
     fn admit(&self, pod: &PodInfo, workers: &HashMap<String, Handle>) -> Option<(String, String)> {
         let node = self.ctx.node()?;
         let allocatable = NodeFacts::from_node(&node).allocatable;
-        let admitted: Vec<&Arc<PodInfo>> = workers.values().filter_map(|h| h.info.as_ref()).collect();
+        let admitted: Vec<&Arc<PodInfo>> = workers.values().filter(|h| h.active()).map(|h| &h.info).collect();
         let used = |name: &str| admitted.iter().map(|p| p.requests.get(name)).sum::<i64>();
         if allocatable.pods > 0 && admitted.len() as i64 + 1 > allocatable.pods {
             return Some(insufficient("pods", 1, admitted.len() as i64, allocatable.pods));
@@ -496,8 +578,14 @@ impl Pods {
         tokio::spawn(async move {
             let status =
                 json!({"phase": "Failed", "reason": reason, "message": format!("Pod was rejected: {message}")});
-            if let Err(e) = ctx.write_status(&pod, status).await {
-                tracing::warn!("pod {}: writing status: {}", spec::full_name(&pod), e.message);
+            for _ in 0..10 {
+                match ctx.write_status(&pod, status.clone()).await {
+                    Ok(_) => return,
+                    // Gone or replaced: nothing to reject any more.
+                    Err(e) if e.code == 404 || e.code == 409 => return,
+                    Err(e) => tracing::warn!("pod {}: writing status: {}", spec::full_name(&pod), e.message),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
     }
@@ -543,6 +631,12 @@ impl Pods {
             for uid in changed.into_iter().filter(|u| !u.is_empty()) {
                 self.wake(uid);
             }
+            let running: HashSet<&str> = now
+                .iter()
+                .filter(|(_, (state, _))| *state == cri::ContainerState::ContainerRunning as i32)
+                .map(|(id, _)| id.as_str())
+                .collect();
+            self.ctx.forget_unhealthy(&running);
             known = now;
         }
     }
@@ -558,7 +652,9 @@ impl Pods {
             let reason = if matches!(event.what, What::Warning { .. }) { "ProbeWarning" } else { "Unhealthy" };
             match event.what {
                 What::Failed { message } | What::Warning { message } => {
-                    let pod = self.workers().get(&event.uid).and_then(|h| h.tx.borrow().clone());
+                    let pod = self.workers().get(&event.uid).map(|h| match &*h.tx.borrow() {
+                        Update::Pod(p) | Update::Removed(p) => p.clone(),
+                    });
                     if let Some(pod) = pod {
                         self.ctx.event(&pod, EventType::Warning, reason, message);
                     }
@@ -664,10 +760,70 @@ impl Pods {
     }
 }
 
+/// The registry host of an image reference (`docker.io` for short names such as `busybox:1.36`).
+fn image_registry(image: &str) -> String {
+    match image.split_once('/') {
+        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => normalize_host(first),
+        _ => "docker.io".into(),
+    }
+}
+
+/// The host of a docker config `auths` key (`https://index.docker.io/v1/`, `registry.local:5000`).
+fn config_host(key: &str) -> String {
+    let s = key.trim_start_matches("https://").trim_start_matches("http://");
+    normalize_host(s.split('/').next().unwrap_or_default())
+}
+
+fn normalize_host(host: &str) -> String {
+    match host {
+        "index.docker.io" | "registry-1.docker.io" => "docker.io".into(),
+        h => h.to_string(),
+    }
+}
+
 /// upstream's `InsufficientResourceError` as kubelet reports it: reason `OutOf<resource>`.
 fn insufficient(name: &str, requested: i64, used: i64, capacity: i64) -> (String, String) {
     (
         format!("OutOf{name}"),
         format!("Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registries_of_images_and_docker_config_keys() {
+        assert_eq!(image_registry("busybox"), "docker.io");
+        assert_eq!(image_registry("busybox:1.36"), "docker.io");
+        assert_eq!(image_registry("library/busybox"), "docker.io");
+        assert_eq!(image_registry("registry.local:5000/team/app:1"), "registry.local:5000");
+        assert_eq!(image_registry("localhost/app"), "localhost");
+        assert_eq!(config_host("https://index.docker.io/v1/"), "docker.io");
+        assert_eq!(config_host("registry.local:5000"), "registry.local:5000");
+    }
+
+    #[test]
+    fn only_spec_and_metadata_changes_wake_a_worker() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "resourceVersion": "1"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+        }))
+        .unwrap();
+        let mut status_only = pod.clone();
+        status_only.metadata.resource_version = Some("2".into());
+        status_only.status = Some(Default::default());
+        assert!(!needs_sync(&pod, &status_only));
+        let mut deleted = status_only.clone();
+        deleted.metadata.deletion_grace_period_seconds = Some(30);
+        assert!(needs_sync(&pod, &deleted));
+    }
+
+    #[test]
+    fn admission_messages_are_upstreams() {
+        let (reason, message) = insufficient("cpu", 4000, 500, 2000);
+        assert_eq!(reason, "OutOfcpu");
+        assert_eq!(message, "Node didn't have enough resource: cpu, requested: 4000, used: 500, capacity: 2000");
+    }
 }

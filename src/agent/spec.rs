@@ -55,10 +55,12 @@ pub fn log_path(container: &str, restart_count: i32) -> String {
     format!("{container}/{restart_count}.log")
 }
 
-/// The hash kubelet keeps on a container to notice that its spec changed (then it is restarted).
+/// The hash kubelet keeps on a container to notice that it must be replaced: of its name and
+/// image only (upstream's `pickFieldsToHash`), so an upgrade of cairn or an in-place resize never
+/// restarts a healthy container.
 pub fn container_hash(c: &Container) -> String {
-    let json = serde_json::to_vec(c).unwrap_or_default();
-    let digest = Sha256::digest(json);
+    let json = serde_json::json!({"name": c.name, "image": c.image});
+    let digest = Sha256::digest(json.to_string());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -100,19 +102,28 @@ fn protocol(p: Option<&str>) -> i32 {
     }
 }
 
-/// The pod's DNS settings: `None` policy and `dnsConfig` as given; otherwise the runtime copies the
-/// node's resolv.conf (cairn runs no cluster DNS yet, so `ClusterFirst` falls back to `Default`,
-/// as kubelet does without `--cluster-dns`).
+/// The node's resolver configuration for pods: `/etc/resolv.conf`, or systemd-resolved's upstream
+/// file when that one points at the local stub (127.0.0.53 is unreachable from a pod), as k3s does.
+fn host_resolv_conf() -> String {
+    let etc = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let loopback = etc.lines().any(|l| {
+        let mut w = l.split_whitespace();
+        w.next() == Some("nameserver") && w.next().is_some_and(|ip| ip.starts_with("127.") || ip == "::1")
+    });
+    if loopback && let Ok(resolved) = std::fs::read_to_string("/run/systemd/resolve/resolv.conf") {
+        return resolved;
+    }
+    etc
+}
+
+/// The pod's DNS settings: `None` policy takes `dnsConfig` alone; the others start from the node's
+/// resolver (cairn runs no cluster DNS yet, so `ClusterFirst` falls back to `Default`, as kubelet
+/// does without `--cluster-dns`) with `dnsConfig` merged in.
 fn dns_config(pod: &Pod) -> Option<cri::DnsConfig> {
     let spec = pod.spec.as_ref()?;
-    let extra = spec.dns_config.clone();
-    if spec.dns_policy.as_deref() != Some("None") && extra.is_none() {
-        return None;
-    }
     let mut dns = cri::DnsConfig::default();
     if spec.dns_policy.as_deref() != Some("None") {
-        let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-        for line in host.lines() {
+        for line in host_resolv_conf().lines() {
             let mut words = line.split_whitespace();
             match words.next() {
                 Some("nameserver") => dns.servers.extend(words.map(String::from)),
@@ -122,7 +133,7 @@ fn dns_config(pod: &Pod) -> Option<cri::DnsConfig> {
             }
         }
     }
-    if let Some(extra) = extra {
+    if let Some(extra) = spec.dns_config.clone() {
         dns.servers.extend(extra.nameservers.unwrap_or_default());
         dns.searches.extend(extra.searches.unwrap_or_default());
         for o in extra.options.unwrap_or_default() {
@@ -210,6 +221,17 @@ fn security_context(pod: &Pod, c: &Container) -> cri::LinuxContainerSecurityCont
     };
     let run_as_user = sc.run_as_user.or(psc.run_as_user);
     let run_as_group = sc.run_as_group.or(psc.run_as_group);
+    let mut groups = psc.supplemental_groups.clone().unwrap_or_default();
+    groups.extend(psc.fs_group.filter(|g| !groups.contains(g)));
+    let seccomp = sc.seccomp_profile.clone().or(psc.seccomp_profile.clone()).map(|p| {
+        use cri::security_profile::ProfileType;
+        let (kind, path) = match p.type_.as_str() {
+            "RuntimeDefault" => (ProfileType::RuntimeDefault, String::new()),
+            "Localhost" => (ProfileType::Localhost, p.localhost_profile.unwrap_or_default()),
+            _ => (ProfileType::Unconfined, String::new()),
+        };
+        cri::SecurityProfile { profile_type: kind as i32, localhost_ref: path }
+    });
     cri::LinuxContainerSecurityContext {
         capabilities: Some(cri::Capability {
             add_capabilities: strip(caps.add),
@@ -221,11 +243,33 @@ fn security_context(pod: &Pod, c: &Container) -> cri::LinuxContainerSecurityCont
         run_as_user: run_as_user.map(|value| cri::Int64Value { value }),
         run_as_group: run_as_group.map(|value| cri::Int64Value { value }),
         readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
-        supplemental_groups: psc.supplemental_groups.unwrap_or_default(),
+        supplemental_groups: groups,
         no_new_privs: sc.allow_privilege_escalation == Some(false),
+        seccomp,
         masked_paths: if privileged { vec![] } else { MASKED_PATHS.iter().map(|p| p.to_string()).collect() },
         readonly_paths: if privileged { vec![] } else { READONLY_PATHS.iter().map(|p| p.to_string()).collect() },
         ..Default::default()
+    }
+}
+
+/// upstream `verifyRunAsNonRoot`: with `runAsNonRoot`, the user the container runs as (its own
+/// or the image's, `image_user` as uid or name) must be known not to be root.
+pub fn verify_run_as_non_root(pod: &Pod, c: &Container, image_user: (Option<i64>, &str)) -> Result<(), String> {
+    let psc = pod.spec.as_ref().and_then(|s| s.security_context.clone()).unwrap_or_default();
+    let sc = c.security_context.clone().unwrap_or_default();
+    if !sc.run_as_non_root.or(psc.run_as_non_root).unwrap_or(false) {
+        return Ok(());
+    }
+    let who = format!("(pod: {:?}, container: {})", full_name(pod), c.name);
+    match (sc.run_as_user.or(psc.run_as_user), image_user) {
+        (Some(0), _) => Err(format!("container's runAsUser breaks non-root policy {who}")),
+        (Some(_), _) => Ok(()),
+        (None, (Some(0), _)) => Err(format!("container has runAsNonRoot and image will run as root {who}")),
+        (None, (Some(_), _)) => Ok(()),
+        (None, (None, name)) if !name.is_empty() => Err(format!(
+            "container has runAsNonRoot and image has non-numeric user ({name}), cannot verify user is non-root {who}"
+        )),
+        (None, (None, _)) => Err(format!("container has runAsNonRoot and image will run as root {who}")),
     }
 }
 

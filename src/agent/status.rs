@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
-    Pod, PodCondition, PodIP, PodStatus,
+    Pod, PodCondition, PodIP, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -29,6 +29,7 @@ pub mod keys {
 pub struct RuntimeContainer {
     pub id: String,
     pub name: String,
+    pub sandbox_id: String,
     pub restart_count: i32,
     pub hash: String,
     pub state: cri::ContainerState,
@@ -68,6 +69,15 @@ impl RuntimePod {
     pub fn latest<'a>(&'a self, name: &'a str) -> Option<&'a RuntimeContainer> {
         self.of(name).next()
     }
+    /// The containers of the newest sandbox (all of them when there is none).
+    pub fn current(&self) -> impl Iterator<Item = &RuntimeContainer> {
+        let sandbox = self.sandboxes.first().map(|s| s.id.as_str());
+        self.containers.iter().filter(move |c| sandbox.is_none_or(|s| c.sandbox_id == s))
+    }
+    /// The newest container of one name in the newest sandbox.
+    pub fn current_latest<'a>(&'a self, name: &'a str) -> Option<&'a RuntimeContainer> {
+        self.current().find(|c| c.name == name)
+    }
     /// The newest sandbox that is ready.
     pub fn ready_sandbox(&self) -> Option<&cri::PodSandbox> {
         self.sandboxes.iter().find(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
@@ -93,11 +103,9 @@ pub struct Inputs<'a> {
     pub terminal: Option<(&'a str, &'a str)>,
 }
 
+/// A CRI time (nanoseconds) as an API time, truncated to the second as Kubernetes serializes it.
 pub fn time_from_ns(ns: i64) -> Option<Time> {
-    (ns > 0)
-        .then(|| Timestamp::from_nanosecond(i128::from(ns)).ok())
-        .flatten()
-        .map(|t| Time(t.round(k8s_openapi::jiff::Unit::Second).unwrap_or(t)))
+    (ns > 0).then(|| Timestamp::from_second(ns / 1_000_000_000).ok()).flatten().map(Time)
 }
 
 pub fn now() -> Time {
@@ -229,13 +237,19 @@ fn container_status(spec: &Container, rt: &RuntimePod, inputs: &Inputs, default_
     status
 }
 
-/// Whether an init container has done its part: exited 0, or (a sidecar) started.
-pub fn init_done(c: &Container, rt: &RuntimePod, started: Option<bool>) -> bool {
+/// Whether init container `i` has done its part in the current sandbox: exited 0, or (a sidecar)
+/// runs and has started, or was past already (a later container started; then it is only
+/// restarted when it exits).
+pub fn init_done(spec: &PodSpec, i: usize, rt: &RuntimePod, started: Option<bool>) -> bool {
+    let inits = spec.init_containers.as_deref().unwrap_or_default();
+    let Some(c) = inits.get(i) else { return true };
+    let mut runs = rt.current().filter(|x| x.name == c.name);
     if is_sidecar(c) {
-        return rt.latest(&c.name).is_some_and(|l| l.running() && started.unwrap_or(true))
-            || rt.of(&c.name).any(|x| x.exited());
+        let later = |name: &str| inits[i + 1..].iter().chain(&spec.containers).any(|l| l.name == name);
+        return runs.next().is_some_and(|l| l.running() && started.unwrap_or(true))
+            || rt.current().any(|x| later(&x.name));
     }
-    rt.of(&c.name).any(|x| x.exit_code() == Some(0))
+    runs.any(|x| x.exit_code() == Some(0))
 }
 
 /// upstream `getPhase`.
@@ -315,9 +329,16 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let old = pod.status.clone().unwrap_or_default();
     let init_specs = spec.init_containers.clone().unwrap_or_default();
-    let init: Vec<ContainerStatus> =
+    let mut init: Vec<ContainerStatus> =
         init_specs.iter().map(|c| container_status(c, rt, inputs, "PodInitializing")).collect();
-    let initialized = init_specs.iter().all(|c| init_done(c, rt, inputs.probes.get(&c.name).and_then(|p| p.0)));
+    // A regular init container that completed is ready (upstream's prober marks it so).
+    for (s, c) in init.iter_mut().zip(&init_specs) {
+        if !is_sidecar(c) && s.state.as_ref().and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.exit_code == 0) {
+            s.ready = true;
+        }
+    }
+    let done = |i: usize, c: &Container| init_done(&spec, i, rt, inputs.probes.get(&c.name).and_then(|p| p.0));
+    let initialized = init_specs.iter().enumerate().all(|(i, c)| done(i, c));
     let app_default = if initialized { "ContainerCreating" } else { "PodInitializing" };
     let mut app: Vec<ContainerStatus> =
         spec.containers.iter().map(|c| container_status(c, rt, inputs, app_default)).collect();
@@ -329,14 +350,14 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
     let terminal = inputs.terminal.is_some();
     let phase = phase(pod, &init, &app, initialized, terminal);
 
-    let incomplete: Vec<&str> = init_specs
+    let incomplete: Vec<&str> =
+        init_specs.iter().enumerate().filter(|(i, c)| !done(*i, c)).map(|(_, c)| c.name.as_str()).collect();
+    let unready: Vec<&str> = init
         .iter()
-        .filter(|c| !init_done(c, rt, inputs.probes.get(&c.name).and_then(|p| p.0)))
-        .map(|c| c.name.as_str())
-        .collect();
-    let unready: Vec<&str> = app
-        .iter()
-        .chain(init.iter().zip(&init_specs).filter(|(_, c)| is_sidecar(c)).map(|(s, _)| s))
+        .zip(&init_specs)
+        .filter(|(_, c)| is_sidecar(c))
+        .map(|(s, _)| s)
+        .chain(&app)
         .filter(|s| !s.ready)
         .map(|s| s.name.as_str())
         .collect();
@@ -358,14 +379,31 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
     if succeeded {
         initialized_condition.reason = Some("PodCompleted".into());
     }
+    let old_conditions = old.conditions.clone().unwrap_or_default();
+    let mut ready_condition = condition("Ready", ready, Some(ready_reason), unready_message.clone());
+    if ready {
+        // Readiness gates: conditions other components set must be True too.
+        let gates = spec.readiness_gates.iter().flatten().map(|g| g.condition_type.as_str());
+        let unmet: Vec<String> = gates
+            .filter_map(|gate| match old_conditions.iter().find(|c| c.type_ == gate) {
+                None => Some(format!("corresponding condition of pod readiness gate {gate:?} does not exist.")),
+                Some(c) if c.status != "True" => {
+                    Some(format!("the status of pod readiness gate {gate:?} is not \"True\", but {}", c.status))
+                }
+                Some(_) => None,
+            })
+            .collect();
+        if !unmet.is_empty() {
+            ready_condition = condition("Ready", false, Some("ReadinessGatesNotReady"), Some(unmet.join(", ")));
+        }
+    }
     let mut conditions = vec![
         condition("PodReadyToStartContainers", inputs.sandbox_ready, None, None),
         initialized_condition,
-        condition("Ready", ready, Some(ready_reason), unready_message.clone()),
+        ready_condition,
         condition("ContainersReady", ready, Some(ready_reason), unready_message),
     ];
     let now = now();
-    let old_conditions = old.conditions.clone().unwrap_or_default();
     for c in &mut conditions {
         let prev = old_conditions.iter().find(|o| o.type_ == c.type_);
         c.last_transition_time = match prev {
@@ -427,6 +465,7 @@ mod tests {
         RuntimeContainer {
             id: id.into(),
             name: name.into(),
+            sandbox_id: "s".into(),
             restart_count: rc,
             hash: String::new(),
             state,
@@ -552,6 +591,8 @@ mod tests {
         assert_eq!(cond(&s, "Initialized").message.as_deref(), Some("containers with incomplete status: [i2]"));
         let app = &s.container_statuses.as_ref().unwrap()[0];
         assert_eq!(app.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
-        assert!(init_done(&p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0], &rt, None));
+        let spec = p.spec.as_ref().unwrap();
+        assert!(init_done(spec, 0, &rt, None));
+        assert!(!init_done(spec, 1, &rt, None));
     }
 }

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodStatus};
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,14 @@ use super::status::{self, RuntimeContainer, RuntimePod, keys};
 use crate::events::EventType;
 use crate::registry::DeleteOptions;
 use crate::runtime::cri::{self, CriError};
+
+/// What the manager hands a worker: the pod as it is now, or its last state once it is gone from
+/// the API.
+#[derive(Debug, Clone)]
+pub enum Update {
+    Pod(Arc<Pod>),
+    Removed(Arc<Pod>),
+}
 
 /// How long a failed sync waits before it is tried again (kubelet's pod worker backoff).
 const RETRY: Duration = Duration::from_secs(10);
@@ -44,7 +53,9 @@ pub struct Worker {
     ctx: Arc<Ctx>,
     uid: String,
     pod: Arc<Pod>,
-    updates: watch::Receiver<Option<Arc<Pod>>>,
+    updates: watch::Receiver<Update>,
+    /// Set once everything of the pod is stopped (admission stops counting it then).
+    stopped: Arc<AtomicBool>,
     wake: Arc<Notify>,
     stage: Stage,
     /// Why each container waits (reason, message), shown in its status.
@@ -55,8 +66,11 @@ pub struct Worker {
     ips: Option<(String, Vec<String>)>,
     /// Why the pod is finished for good (reason, message), when the agent decided it.
     terminal: Option<(String, String)>,
-    /// The status last written, to write only changes.
-    written: Option<Value>,
+    /// The status last written and the resourceVersion it was written at: the base of the next
+    /// status until the watch delivers that write, and what is not written twice.
+    written: Option<(PodStatus, Value, u64)>,
+    /// The last status write failed: the pod is not deleted until it succeeds.
+    unpublished: bool,
     /// The earliest time something is due (a backoff ends).
     due: Option<Instant>,
 }
@@ -80,12 +94,19 @@ fn instant_of(ns: i64) -> Instant {
 }
 
 impl Worker {
-    pub fn new(ctx: Arc<Ctx>, pod: Arc<Pod>, updates: watch::Receiver<Option<Arc<Pod>>>, wake: Arc<Notify>) -> Self {
+    pub fn new(
+        ctx: Arc<Ctx>,
+        pod: Arc<Pod>,
+        updates: watch::Receiver<Update>,
+        wake: Arc<Notify>,
+        stopped: Arc<AtomicBool>,
+    ) -> Self {
         Worker {
             uid: spec::uid(&pod).to_string(),
             ctx,
             pod,
             updates,
+            stopped,
             wake,
             stage: Stage::Syncing,
             waiting: HashMap::new(),
@@ -93,6 +114,7 @@ impl Worker {
             ips: None,
             terminal: None,
             written: None,
+            unpublished: false,
             due: None,
         }
     }
@@ -102,11 +124,14 @@ impl Worker {
         loop {
             let latest = self.updates.borrow_and_update().clone();
             let next = match latest {
-                Some(pod) => {
+                Update::Pod(pod) => {
                     self.pod = pod;
                     self.step().await
                 }
-                None => self.removed().await,
+                Update::Removed(pod) => {
+                    self.pod = pod;
+                    self.removed().await
+                }
             };
             if matches!(next, Next::Done) {
                 return;
@@ -162,14 +187,21 @@ impl Worker {
             } else {
                 self.spec_grace()
             };
-            if let Err(e) = self.terminate(grace).await {
+            // A pod that was already finished keeps the status it finished with.
+            if let Err(e) = self.terminate(grace, !finished).await {
                 tracing::warn!("pod {}: stopping: {e:#}", spec::full_name(&pod));
                 self.due_at(Instant::now() + RETRY);
                 return Next::Wait;
             }
             self.stage = Stage::Terminated;
+            self.stopped.store(true, Ordering::Relaxed);
         }
-        if deleting {
+        if deleting && self.unpublished {
+            // The final status must be written before the pod object goes.
+            let rt = self.runtime_pod().await.unwrap_or_default();
+            self.publish(&rt).await;
+        }
+        if deleting && !self.unpublished {
             let opts =
                 DeleteOptions { grace_period_seconds: Some(0), uid: Some(self.uid.clone()), ..Default::default() };
             match self.ctx.registry.delete(&self.ctx.pods, Some(spec::namespace(&pod)), spec::name(&pod), &opts).await {
@@ -182,6 +214,15 @@ impl Worker {
             }
         }
         Next::Wait
+    }
+
+    /// Whether an update that deletes the pod is waiting: the sync stops starting containers.
+    fn deletion_pending(&self) -> bool {
+        self.updates.has_changed().unwrap_or(true)
+            && match &*self.updates.borrow() {
+                Update::Pod(p) => p.metadata.deletion_timestamp.is_some(),
+                Update::Removed(_) => true,
+            }
     }
 
     fn spec_grace(&self) -> i64 {
@@ -204,7 +245,7 @@ impl Worker {
     async fn removed(&mut self) -> Next {
         if self.stage == Stage::Syncing {
             let grace = self.pod.metadata.deletion_grace_period_seconds.unwrap_or_else(|| self.spec_grace());
-            if let Err(e) = self.terminate(grace).await {
+            if let Err(e) = self.terminate(grace, false).await {
                 tracing::warn!("pod {}: stopping: {e:#}", spec::full_name(&self.pod));
             }
         }
@@ -260,6 +301,7 @@ impl Worker {
             containers.push(RuntimeContainer {
                 id: c.id.clone(),
                 name,
+                sandbox_id: c.pod_sandbox_id.clone(),
                 restart_count: c.annotations.get(keys::RESTART_COUNT).and_then(|r| r.parse().ok()).unwrap_or(0),
                 hash: c.annotations.get(keys::CONTAINER_HASH).cloned().unwrap_or_default(),
                 state,
@@ -286,8 +328,7 @@ impl Worker {
             Ok(v) => v,
             Err(message) => {
                 self.event(EventType::Warning, crate::volumes::FAILED_MOUNT, message);
-                let mut rt = self.runtime_pod().await?;
-                rt.sandboxes.clear();
+                let rt = self.runtime_pod().await?;
                 self.publish(&rt).await;
                 self.due_at(Instant::now() + RETRY);
                 return Ok(false);
@@ -339,10 +380,12 @@ impl Worker {
                     );
                 }
                 let config = spec::sandbox_config(&pod, attempt, &self.ctx.log_dir(&pod), cgroup_parent.clone());
+                // No RuntimeClass objects are served yet: the class name is the runtime handler.
+                let handler = spec.runtime_class_name.clone().unwrap_or_default();
                 match self
                     .ctx
                     .cri
-                    .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() })
+                    .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(config), runtime_handler: handler })
                     .await
                 {
                     Ok(_) => {}
@@ -367,18 +410,40 @@ impl Worker {
         // Status as seen before starting anything (PodReadyToStartContainers, Pending).
         self.publish(&rt).await;
 
-        // Init containers, in order; then app containers.
+        // Containers adopted after a restart of cairn get their probes back (a no-op for those
+        // already probed).
+        let statuses = pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()));
+        let was: HashMap<&str, (bool, bool)> = statuses
+            .filter_map(|s| Some((s.container_id.as_deref()?, (s.started.unwrap_or(false), s.ready))))
+            .collect();
+        for c in rt.current().filter(|c| c.running()) {
+            if let Some(s) = all_specs.iter().find(|s| s.name == c.name) {
+                let target = Target::new(s, &c.id, pod_ips.first().cloned());
+                let previous = was.get(format!("{}://{}", self.ctx.runtime_name, c.id).as_str()).copied();
+                self.ctx.probes.adopt_container(&self.uid, s, &c.id, target, previous.unwrap_or((false, false)));
+            }
+        }
+
+        // Init containers, in order, in this sandbox (a new sandbox runs them again); then app
+        // containers. Restart counts and backoff follow every earlier run.
         let mut initialized = true;
-        for c in spec.init_containers.iter().flatten() {
+        for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+            if self.deletion_pending() {
+                return Ok(false);
+            }
             let started = self.ctx.probes.result(&self.uid, &c.name, Kind::Startup);
-            if status::init_done(c, &rt, started) {
-                if status::is_sidecar(c) && rt.latest(&c.name).is_some_and(|l| l.exited()) {
+            let current = rt.current_latest(&c.name);
+            if status::init_done(&spec, i, &rt, started) {
+                if status::is_sidecar(c) && current.is_some_and(|l| l.exited()) {
                     self.start(&pod, c, &sandbox.id, &sandbox_config, &rt, &pod_ips, &volumes).await;
                 }
                 continue;
             }
             initialized = false;
-            match rt.latest(&c.name) {
+            match current {
                 Some(l) if l.running() => {}
                 Some(l) if l.exited() && !status::should_restart(&pod, c, l.exit_code().unwrap_or(1)) => {
                     // A regular init container failed under restartPolicy Never: the pod fails.
@@ -391,8 +456,15 @@ impl Worker {
         }
         if initialized {
             for c in &spec.containers {
-                let start = match rt.latest(&c.name) {
-                    None => true,
+                if self.deletion_pending() {
+                    return Ok(false);
+                }
+                let start = match rt.current_latest(&c.name) {
+                    // New in this sandbox: unless an earlier run completed for good.
+                    None => rt
+                        .latest(&c.name)
+                        .and_then(|l| l.exit_code())
+                        .is_none_or(|code| status::should_restart(&pod, c, code)),
                     Some(l) if l.exited() => status::should_restart(&pod, c, l.exit_code().unwrap_or(1)),
                     Some(l) => !l.running() && !l.exited(),
                 };
@@ -446,7 +518,7 @@ impl Worker {
         pod_ips: &[String],
         volumes: &crate::volumes::Volumes,
     ) {
-        let key = format!("{}/{}", self.uid, c.name);
+        let key = format!("{}/container/{}", self.uid, c.name);
         let last = rt.latest(&c.name);
         if let Some(finished) = last.and_then(|l| l.finished_at()) {
             let event_at = instant_of(finished);
@@ -473,9 +545,12 @@ impl Worker {
                 self.due_at(until);
                 return;
             }
-            self.ctx.backoff().next(&key, event_at);
+            self.ctx.backoff().next(&key, event_at, Instant::now());
         }
-        if !self.ensure_image(c).await {
+        let Some(image_user) = self.ensure_image(pod, c).await else { return };
+        if let Err(message) = spec::verify_run_as_non_root(pod, c, (image_user.0, &image_user.1)) {
+            self.waiting.insert(c.name.clone(), ("CreateContainerConfigError".into(), message.clone()));
+            self.event(EventType::Warning, "Failed", format!("Error: {message}"));
             return;
         }
         let restart_count = last.map_or(0, |l| l.restart_count + 1);
@@ -534,6 +609,7 @@ impl Worker {
                 let rc = RuntimeContainer {
                     id: id.clone(),
                     name: c.name.clone(),
+                    sandbox_id: sandbox_id.into(),
                     restart_count,
                     hash: String::new(),
                     state: cri::ContainerState::ContainerRunning,
@@ -546,19 +622,21 @@ impl Worker {
         }
     }
 
-    /// `EnsureImageExists`: pulls per `imagePullPolicy`, with ImagePullBackOff. True when the image is there.
-    async fn ensure_image(&mut self, c: &Container) -> bool {
+    /// `EnsureImageExists`: pulls per `imagePullPolicy` (with the pod's `imagePullSecrets`), with
+    /// ImagePullBackOff. Returns the image's user (uid or name) when the image is there.
+    async fn ensure_image(&mut self, pod: &Pod, c: &Container) -> Option<(Option<i64>, String)> {
         let image = c.image.clone().unwrap_or_default();
         let spec = || Some(cri::ImageSpec { image: image.clone(), ..Default::default() });
+        let user = |i: &cri::Image| (i.uid.as_ref().map(|u| u.value), i.username.clone());
         let present = match self.ctx.cri.image_status(cri::ImageStatusRequest { image: spec(), verbose: false }).await {
-            Ok(r) => r.image.is_some(),
+            Ok(r) => r.image.as_ref().map(user),
             Err(e) => {
                 self.waiting.insert(
                     c.name.clone(),
                     ("ErrImageInspect".into(), format!("Failed to inspect image \"{image}\": {e}")),
                 );
                 self.due_at(Instant::now() + RETRY);
-                return false;
+                return None;
             }
         };
         let policy = c.image_pull_policy.clone().unwrap_or_else(|| {
@@ -566,34 +644,35 @@ impl Worker {
             if !tagged || image.ends_with(":latest") { "Always".into() } else { "IfNotPresent".into() }
         });
         match (policy.as_str(), present) {
-            ("Never", false) => {
+            ("Never", None) => {
                 let message = format!("Container image \"{image}\" is not present with pull policy of Never");
                 self.event(EventType::Warning, "ErrImageNeverPull", message.clone());
                 self.waiting.insert(c.name.clone(), ("ErrImageNeverPull".into(), message));
-                return false;
+                return None;
             }
-            ("Never" | "IfNotPresent", true) => {
+            ("Never" | "IfNotPresent", Some(user)) => {
                 self.event(
                     EventType::Normal,
                     "Pulled",
                     format!("Container image \"{image}\" already present on machine"),
                 );
-                return true;
+                return Some(user);
             }
             _ => {}
         }
-        let key = format!("{}/{image}", self.uid);
+        let key = format!("{}/image/{image}", self.uid);
         let blocked = self.ctx.backoff().blocked_since_update(&key, Instant::now());
         if let Some(until) = blocked {
             let message = format!("Back-off pulling image \"{image}\"");
             self.event(EventType::Normal, "BackOff", message.clone());
             self.waiting.insert(c.name.clone(), ("ImagePullBackOff".into(), message));
             self.due_at(until);
-            return false;
+            return None;
         }
         self.event(EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
         let started = Instant::now();
-        match self.ctx.cri.pull_image(cri::PullImageRequest { image: spec(), ..Default::default() }).await {
+        let auth = self.ctx.pull_auth(pod, &image);
+        match self.ctx.cri.pull_image(cri::PullImageRequest { image: spec(), auth, ..Default::default() }).await {
             Ok(_) => {
                 let took = format!("{:.3}s", started.elapsed().as_secs_f64());
                 self.event(
@@ -601,10 +680,11 @@ impl Worker {
                     "Pulled",
                     format!("Successfully pulled image \"{image}\" in {took} ({took} including waiting)"),
                 );
-                true
+                let status = self.ctx.cri.image_status(cri::ImageStatusRequest { image: spec(), verbose: false }).await;
+                Some(status.ok().and_then(|r| r.image).as_ref().map(user).unwrap_or_default())
             }
             Err(e) => {
-                self.ctx.backoff().next(&key, Instant::now());
+                self.ctx.backoff().next(&key, Instant::now(), Instant::now());
                 let message = match &e {
                     CriError::Runtime { message, .. } | CriError::NotFound { message, .. } => message.clone(),
                     other => other.to_string(),
@@ -613,7 +693,7 @@ impl Worker {
                 self.event(EventType::Warning, "Failed", "Error: ErrImagePull".into());
                 self.waiting.insert(c.name.clone(), ("ErrImagePull".into(), message));
                 self.due_at(Instant::now() + super::backoff::INITIAL);
-                false
+                None
             }
         }
     }
@@ -661,7 +741,7 @@ impl Worker {
 
     /// `SyncTerminatingPod`: stops every container (app containers first, then sidecars, in
     /// reverse order) and the sandbox, and publishes the final status.
-    async fn terminate(&mut self, grace: i64) -> anyhow::Result<()> {
+    async fn terminate(&mut self, grace: i64, publish: bool) -> anyhow::Result<()> {
         let pod = self.pod.clone();
         let spec = pod.spec.clone().unwrap_or_default();
         self.ctx.probes.stop_liveness_and_startup(&self.uid);
@@ -670,9 +750,12 @@ impl Worker {
             |name: &str| spec.init_containers.iter().flatten().any(|c| c.name == name && status::is_sidecar(c));
         let find = |name: &str| spec.init_containers.iter().flatten().chain(&spec.containers).find(|c| c.name == name);
         let (sidecars, regular): (Vec<_>, Vec<_>) = rt.running().partition(|c| is_sidecar(&c.name));
+        // One grace period for the whole pod: sidecars get what the app containers left.
+        let deadline = Instant::now() + Duration::from_secs(grace.max(0) as u64);
         futures::future::join_all(regular.iter().map(|c| self.kill_container(c, find(&c.name), grace, None))).await;
         for c in sidecars.iter().rev() {
-            self.kill_container(c, find(&c.name), grace, None).await;
+            let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
+            self.kill_container(c, find(&c.name), left, None).await;
         }
         for s in rt.sandboxes.iter().filter(|s| s.state == cri::PodSandboxState::SandboxReady as i32) {
             match self.ctx.cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() }).await {
@@ -688,7 +771,9 @@ impl Worker {
         if self.terminal.is_none() {
             self.terminal = Some((String::new(), String::new()));
         }
-        self.publish(&rt).await;
+        if publish {
+            self.publish(&rt).await;
+        }
         // SyncTerminatedPod: volumes and the pod cgroup go.
         self.ctx.release(&pod).await;
         Ok(())
@@ -758,18 +843,31 @@ impl Worker {
             runtime_name: &self.ctx.runtime_name,
             terminal,
         };
-        let status = status::generate(&self.pod, rt, &inputs);
+        // Until the watch brings our last write back, that write is the status to build on.
+        let mut base = (*self.pod).clone();
+        let seen_rv: u64 = base.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+        if let Some((written, _, rv)) = &self.written
+            && *rv > seen_rv
+        {
+            base.status = Some(written.clone());
+        }
+        let status = status::generate(&base, rt, &inputs);
         let phase = status.phase.clone();
         let value = serde_json::to_value(&status).unwrap_or(Value::Null);
-        let current = self.pod.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
-        if self.written.as_ref() == Some(&value) || current.as_ref() == Some(&value) {
+        let current = base.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
+        if current.as_ref() == Some(&value) || self.written.as_ref().is_some_and(|(_, v, _)| *v == value) {
+            self.unpublished = false;
             return phase;
         }
         match self.ctx.write_status(&self.pod, value.clone()).await {
-            Ok(()) => self.written = Some(value),
+            Ok(rv) => {
+                self.written = Some((status, value, rv));
+                self.unpublished = false;
+            }
             Err(e) => {
-                tracing::warn!("pod {}: writing status: {e}", spec::full_name(&self.pod));
-                self.due_at(Instant::now() + Duration::from_secs(1));
+                tracing::warn!("pod {}: writing status: {}", spec::full_name(&self.pod), e.message);
+                self.unpublished = true;
+                self.due_at(Instant::now() + RETRY);
             }
         }
         phase

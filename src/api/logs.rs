@@ -118,8 +118,10 @@ pub fn pod_log(state: &AppState, ns: &str, name: &str, query: &[(String, String)
     let (registry, pods) = (state.registry.clone(), state.registry.find("", "v1", "pods"));
     let (ns, name, uid) = (ns.to_string(), name.to_string(), spec::uid(&pod).to_string());
     let container_id = status_of(&pod, &container).and_then(|s| s.container_id.clone());
+    let previous = opts.previous;
     let alive = move || {
-        let Some(pods) = &pods else { return false };
+        // A previous run has ended already.
+        let Some(pods) = pods.as_ref().filter(|_| !previous) else { return false };
         let Ok(current) = registry.get_value(pods, Some(&ns), &name) else { return false };
         let Ok(current) = serde_json::from_value::<Pod>(current) else { return false };
         spec::uid(&current) == uid

@@ -173,6 +173,24 @@ impl ProbeManager {
     /// one changes nothing. Results start as: readiness false, liveness true, startup unknown
     /// (reported as false); no `Changed` event is sent for these. Must run inside a tokio runtime.
     pub fn add_container(&self, uid: &str, container: &Container, container_id: &str, target: Target) {
+        self.add(uid, container, container_id, target, None);
+    }
+
+    /// Like [`add_container`](Self::add_container) for a running container the agent adopts after
+    /// a restart: it keeps the `started` and `ready` it had until its probes say otherwise (kubelet
+    /// does not turn running pods unready because it restarted).
+    pub fn adopt_container(
+        &self,
+        uid: &str,
+        container: &Container,
+        container_id: &str,
+        target: Target,
+        was: (bool, bool),
+    ) {
+        self.add(uid, container, container_id, target, Some(was));
+    }
+
+    fn add(&self, uid: &str, container: &Container, container_id: &str, target: Target, was: Option<(bool, bool)>) {
         let mut pods = lock(&self.inner.pods);
         let containers = pods.entry(uid.to_string()).or_default();
         if containers.get(&container.name).is_some_and(|e| e.container_id == container_id) {
@@ -181,14 +199,19 @@ impl ProbeManager {
         if let Some(old) = containers.remove(&container.name) {
             old.stop(&Kind::ALL);
         }
-        let slots = Kind::ALL.map(|kind| if kind.probe(container).is_some() { kind.initial() } else { Slot::Absent });
+        let slots = Kind::ALL.map(|kind| match (kind.probe(container), was, kind) {
+            (None, ..) => Slot::Absent,
+            (Some(_), Some((started, _)), Kind::Startup) if started => Slot::Value(true),
+            (Some(_), Some((_, ready)), Kind::Readiness) => Slot::Value(ready),
+            (Some(_), ..) => kind.initial(),
+        });
         if slots.iter().all(|s| *s == Slot::Absent) {
             if containers.is_empty() {
                 pods.remove(uid);
             }
             return;
         }
-        let (started, _) = watch::channel(container.startup_probe.is_none());
+        let (started, _) = watch::channel(container.startup_probe.is_none() || was.is_some_and(|(started, _)| started));
         let shared = Arc::new(Shared { slots: Mutex::new(slots), started });
         let workers = Kind::ALL
             .into_iter()
