@@ -78,6 +78,26 @@ fn bad_flags_fail_with_the_flag_named() {
 }
 
 #[test]
+fn the_agent_without_root_says_how_to_run_without_it() {
+    use std::os::unix::process::CommandExt as _;
+    // A copy anyone may run, started as `nobody`.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let exe = dir.path().join("cairn");
+    std::fs::copy(env!("CARGO_BIN_EXE_cairn"), &exe).unwrap();
+    let data = dir.path().join("data");
+    let out = Command::new(&exe)
+        .args(["server", "--https-listen-port", "0", "--data-dir"])
+        .arg(&data)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("needs root") && err.contains("--disable-agent"), "{err}");
+}
+
+#[test]
 fn runtime_helpers_without_a_runtime_say_where_they_looked() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();

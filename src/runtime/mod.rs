@@ -79,6 +79,13 @@ impl Config {
     }
     /// Fails fast when the runtime cannot be started at all (no containerd, no runc).
     pub fn check(&self) -> Result<()> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            anyhow::bail!(
+                "the node agent needs root (it runs containerd and sets up cgroups, volumes and the pod network): \
+                 run cairn as root, or pass --disable-agent to run only the API server and scheduler"
+            );
+        }
         if self.cni_bin_dir.is_none() {
             net::check_host()?;
         }
