@@ -507,3 +507,196 @@ spec:
     };
     eventually(30, || (cairn(&["ctr", "pods"]).lines().count() <= 1).then_some(()));
 }
+
+#[test]
+fn volumes_hooks_sidecars_sandboxes_and_deadlines() {
+    let _host = HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let node = Node::start();
+    eventually(60, || node_ready(&node));
+    let host_dir = tempfile::tempdir().unwrap();
+    let host = host_dir.path().display().to_string();
+    node.ok(&["create", "configmap", "settings", "--from-literal=color=blue", "--from-literal=size=10"]);
+    node.ok(&["create", "secret", "generic", "creds", "--from-literal=password=s3cret"]);
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: config
+  labels: {{tier: demo}}
+spec:
+  restartPolicy: Never
+  volumes:
+  - {{name: settings, configMap: {{name: settings}}}}
+  - {{name: creds, secret: {{secretName: creds}}}}
+  - name: info
+    downwardAPI:
+      items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "echo $COLOR $PASSWORD $(cat /etc/settings/size) $(cat /etc/creds/password) $(cat /etc/info/labels)"]
+    env:
+    - {{name: COLOR, valueFrom: {{configMapKeyRef: {{name: settings, key: color}}}}}}
+    - {{name: PASSWORD, valueFrom: {{secretKeyRef: {{name: creds, key: password}}}}}}
+    volumeMounts:
+    - {{name: settings, mountPath: /etc/settings}}
+    - {{name: creds, mountPath: /etc/creds}}
+    - {{name: info, mountPath: /etc/info}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: hooks
+spec:
+  terminationGracePeriodSeconds: 10
+  volumes:
+  - {{name: host, hostPath: {{path: {host}, type: Directory}}}}
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+    volumeMounts: [{{name: host, mountPath: /host}}]
+    lifecycle:
+      postStart: {{exec: {{command: ["/bin/sh", "-c", "echo started > /host/poststart"]}}}}
+      preStop: {{exec: {{command: ["/bin/sh", "-c", "echo stopping > /host/prestop"]}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: pair
+spec:
+  containers:
+  - name: steady
+    image: {BUSYBOX}
+    command: ["/bin/sleep", "3600"]
+  - name: flaky
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "sleep 1; exit 1"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: phoenix
+spec:
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sleep", "3600"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: deadline
+spec:
+  activeDeadlineSeconds: 3
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sleep", "3600"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: ticker
+spec:
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.3; done"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: sidecar
+spec:
+  volumes: [{{name: shared, emptyDir: {{medium: Memory}}}}]
+  initContainers:
+  - name: helper
+    image: {BUSYBOX}
+    restartPolicy: Always
+    command: ["/bin/sh", "-c", "echo ready > /shared/flag; sleep 3600"]
+    volumeMounts: [{{name: shared, mountPath: /shared}}]
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "cat /shared/flag; sleep 3600"]
+    volumeMounts: [{{name: shared, mountPath: /shared}}]
+"#
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &manifest);
+
+    // ConfigMap and Secret as env and files, and the downward API.
+    node.wait_pod("config", 60, "Succeeded", |p| phase(p) == "Succeeded");
+    assert_eq!(node.ok(&["logs", "config"]).trim(), "blue s3cret 10 s3cret tier=\"demo\"");
+
+    // postStart ran after the start, preStop before the stop.
+    node.wait_pod("hooks", 60, "Running", running);
+    eventually(10, || std::fs::read_to_string(host_dir.path().join("poststart")).ok().filter(|s| s == "started\n"));
+    assert!(!host_dir.path().join("prestop").exists());
+    node.ok(&["delete", "pod", "hooks"]);
+    assert_eq!(std::fs::read_to_string(host_dir.path().join("prestop")).unwrap(), "stopping\n");
+
+    // A failing container restarts alone: its sibling and the sandbox stay.
+    let before =
+        node.wait_pod("pair", 60, "both running", |p| running(p) && container(p, 1)["state"]["running"].is_object());
+    let after = node.wait_pod("pair", 60, "flaky restarted", |p| container(p, 1)["restartCount"].as_i64() >= Some(2));
+    assert_eq!(container(&after, 0)["containerID"], container(&before, 0)["containerID"]);
+    assert_eq!(container(&after, 0)["restartCount"], 0);
+    assert_eq!(after["status"]["podIP"], before["status"]["podIP"]);
+
+    // A sandbox that dies is made again, and its containers restarted in it.
+    let p = node.wait_pod("phoenix", 60, "Running", running);
+    let old_id = container(&p, 0)["containerID"].clone();
+    let socket = node.dir.path().join("data/agent/containerd/containerd.sock");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let cri = cri::Cri::new(&socket);
+        let mut labels = std::collections::HashMap::new();
+        labels.insert("io.kubernetes.pod.name".to_string(), "phoenix".to_string());
+        let filter = cri::PodSandboxFilter { label_selector: labels, ..Default::default() };
+        let sandboxes = cri.list_pod_sandbox(cri::ListPodSandboxRequest { filter: Some(filter) }).await.unwrap();
+        for s in sandboxes.items {
+            cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: s.id }).await.unwrap();
+        }
+    });
+    let p = node.wait_pod("phoenix", 60, "running in a new sandbox", |p| {
+        running(p) && container(p, 0)["containerID"] != old_id
+    });
+    assert_eq!(restarts(&p), 1);
+    assert!(node.events("phoenix").iter().any(|(r, _)| r == "SandboxChanged"));
+
+    // activeDeadlineSeconds.
+    let p = node.wait_pod("deadline", 60, "Failed", |p| phase(p) == "Failed");
+    assert_eq!(p["status"]["reason"], "DeadlineExceeded");
+
+    // A native sidecar runs next to the app, which saw what it prepared.
+    let p = node.wait_pod("sidecar", 60, "Running", |p| running(p) && ready(p));
+    let helper = &p["status"]["initContainerStatuses"][0];
+    assert!(helper["state"]["running"].is_object() && helper["started"] == true, "{helper}");
+    assert_eq!(node.ok(&["logs", "sidecar"]).trim(), "ready");
+    assert_eq!(node.ok(&["logs", "sidecar", "-c", "helper"]), "");
+
+    // kubectl logs -f follows new lines.
+    node.wait_pod("ticker", 60, "Running", running);
+    let mut follow = std::process::Command::new(common::kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .args(["logs", "-f", "ticker", "--tail", "1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines: Vec<String> = {
+        use std::io::BufRead as _;
+        let out = std::io::BufReader::new(follow.stdout.take().unwrap());
+        out.lines().take(5).map(|l| l.unwrap()).collect()
+    };
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let numbers: Vec<u32> = lines.iter().filter_map(|l| l.strip_prefix("tick ")?.parse().ok()).collect();
+    assert!(numbers.len() == 5 && numbers.windows(2).all(|w| w[1] == w[0] + 1), "followed lines: {lines:?}");
+    // kubectl picks the first container itself; the API asks for one.
+    let err = node.fails(&["get", "--raw", "/api/v1/namespaces/default/pods/pair/log"]);
+    assert!(err.contains("a container name must be specified for pod pair, choose one of: [steady flaky]"), "{err}");
+    let err = node.fails(&["logs", "ticker", "--previous"]);
+    assert!(err.contains("previous terminated container \"main\" in pod \"ticker\" not found"), "{err}");
+}
