@@ -8,6 +8,8 @@
 
 mod common;
 
+#[path = "common/busybox.rs"]
+mod busybox;
 #[allow(dead_code)]
 #[path = "../src/runtime/cri.rs"]
 mod cri;
@@ -18,24 +20,13 @@ mod oci_image;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use busybox::{BUSYBOX, busybox_image};
 use common::{Server, eventually};
 use serde_json::Value;
 
 static HOST: Mutex<()> = Mutex::new(());
 
-const BUSYBOX: &str = "docker.io/cairn-test/busybox:1";
 const CIDR: &str = "10.46.0.0/16";
-
-fn busybox_image() -> Vec<u8> {
-    let busybox = std::fs::read("/bin/busybox").expect("busybox-static is needed: apt-get install busybox-static");
-    let mut image = oci_image::ImageBuilder::new(BUSYBOX).file("/bin/busybox", &busybox, 0o755).dir("/tmp", 0o1777);
-    for applet in
-        ["sh", "echo", "cat", "sleep", "httpd", "wget", "test", "touch", "rm", "dd", "mkdir", "true", "false", "head"]
-    {
-        image = image.symlink(&format!("/bin/{applet}"), "busybox");
-    }
-    image.env("PATH=/bin").cmd(&["/bin/sh"]).oci_layout_tar()
-}
 
 /// A cairn server with the agent, its images directory holding the busybox image. Dropping it
 /// removes every pod sandbox (even after a failed check) and stops cairn and its containerd.

@@ -7,6 +7,8 @@
 
 mod common;
 
+#[path = "common/busybox.rs"]
+mod busybox;
 #[allow(dead_code)]
 #[path = "../src/runtime/cri.rs"]
 mod cri;
@@ -22,23 +24,12 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use busybox::{BUSYBOX, busybox_image};
 use common::{Server, eventually};
 use cri::Cri;
 
 /// One test at a time touches the host's network and containerd.
 static HOST: Mutex<()> = Mutex::new(());
-
-const BUSYBOX: &str = "docker.io/cairn-test/busybox:1";
-
-/// An OCI layout tarball of Debian's static busybox with the applets the tests use.
-fn busybox_image() -> Vec<u8> {
-    let busybox = std::fs::read("/bin/busybox").expect("busybox-static is needed: apt-get install busybox-static");
-    let mut image = oci_image::ImageBuilder::new(BUSYBOX).file("/bin/busybox", &busybox, 0o755).dir("/tmp", 0o1777);
-    for applet in ["sh", "echo", "cat", "sleep", "httpd", "wget", "nc", "hostname", "ip", "true", "mkdir"] {
-        image = image.symlink(&format!("/bin/{applet}"), "busybox");
-    }
-    image.env("PATH=/bin").cmd(&["/bin/sh"]).oci_layout_tar()
-}
 
 /// A cairn server with its node runtime, and a CRI client to its containerd. Dropping it removes
 /// every pod sandbox it made and stops cairn (and so containerd) with SIGTERM.
