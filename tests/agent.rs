@@ -598,6 +598,16 @@ spec:
 apiVersion: v1
 kind: Pod
 metadata:
+  name: chatty
+spec:
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "yes chatter | head -c 12000000; echo; while true; do echo the end; sleep 1; done"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
   name: sidecar
 spec:
   volumes: [{{name: shared, emptyDir: {{medium: Memory}}}}]
@@ -666,6 +676,19 @@ spec:
     assert!(helper["state"]["running"].is_object() && helper["started"] == true, "{helper}");
     assert_eq!(node.ok(&["logs", "sidecar"]).trim(), "ready");
     assert_eq!(node.ok(&["logs", "sidecar", "-c", "helper"]), "");
+
+    // A log past 10 MiB is rotated; kubectl logs reads the live file.
+    let chatty = node.wait_pod("chatty", 60, "Running", running);
+    let uid = chatty["metadata"]["uid"].as_str().unwrap();
+    let dir = node.dir.path().join(format!("data/agent/logs/pods/default_chatty_{uid}/main"));
+    let files = eventually(40, || {
+        let names: Vec<String> =
+            std::fs::read_dir(&dir).ok()?.map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        (names.len() >= 2).then_some(names)
+    });
+    assert!(files.iter().any(|f| f.starts_with("0.log.")), "a rotated file next to 0.log: {files:?}");
+    assert!(std::fs::metadata(dir.join("0.log")).unwrap().len() < 10 << 20);
+    eventually(10, || (node.ok(&["logs", "chatty", "--tail", "1"]).trim() == "the end").then_some(()));
 
     // kubectl logs -f follows new lines.
     node.wait_pod("ticker", 60, "Running", running);
