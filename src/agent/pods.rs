@@ -821,6 +821,18 @@ mod tests {
     }
 
     #[test]
+    fn a_stale_relist_is_reported_as_kubelet_does() {
+        let health = Health::default();
+        assert_eq!(health.pleg_problem(), None, "no relist yet: nothing to report");
+        health.relisted.store(crate::agent::unix_now(), Ordering::Relaxed);
+        assert_eq!(health.pleg_problem(), None);
+        health.relisted.store(crate::agent::unix_now() - 200, Ordering::Relaxed);
+        let problem = health.pleg_problem().unwrap();
+        assert!(problem.starts_with("PLEG is not healthy: pleg was last seen active 3m2"), "{problem}");
+        assert!(problem.ends_with("; threshold is 3m0s"), "{problem}");
+    }
+
+    #[test]
     fn admission_messages_are_upstreams() {
         let (reason, message) = insufficient("cpu", 4000, 500, 2000);
         assert_eq!(reason, "OutOfcpu");
