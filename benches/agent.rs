@@ -259,7 +259,8 @@ async fn main() -> Result<()> {
 
     let names: Vec<String> = (0..50).map(|i| format!("fifty-{i}")).collect();
     start_pods(&pods, &names).await?;
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // Let the store settle after the churn of the runs above (sled compacts what they deleted).
+    tokio::time::sleep(Duration::from_secs(60)).await;
     let rss_50 = rss_kib(pid);
     let writes_50 = idle_writes_per_hour(pid, idle_secs).await;
     println!("idle, 50 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_50 as f64 / 1024.0, writes_50 / 1048576.0);

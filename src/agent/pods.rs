@@ -83,6 +83,7 @@ pub struct Ctx {
     unhealthy: Mutex<HashMap<String, Kind>>,
     pub health: Arc<Health>,
     memory_capacity: u64,
+    allocatable: Mutex<Option<(std::time::Instant, crate::scheduler::types::Resources)>>,
 }
 
 /// Runs probe and hook commands through CRI ExecSync.
@@ -172,8 +173,16 @@ impl Ctx {
         serde_json::from_value(self.registry.get_value(self.nodes.as_ref()?, None, &self.node_name).ok()?).ok()
     }
 
+    /// The Node's allocatable for the downward API's defaults, read at most every 10 s (reading the
+    /// Node object for every container start costs more than the start when many pods start at once).
     fn node_resources(&self) -> volumes::NodeResources {
-        let allocatable = self.node().map(|n| NodeFacts::from_node(&n).allocatable).unwrap_or_default();
+        let mut cached = self.allocatable.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = cached.as_ref().is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(10));
+        if !fresh {
+            let allocatable = self.node().map(|n| NodeFacts::from_node(&n).allocatable).unwrap_or_default();
+            *cached = Some((std::time::Instant::now(), allocatable));
+        }
+        let allocatable = cached.as_ref().map(|(_, a)| a.clone()).unwrap_or_default();
         volumes::NodeResources {
             cpu_milli: allocatable.milli_cpu,
             memory_bytes: allocatable.memory,
@@ -387,6 +396,7 @@ pub fn start(registry: Registry, cri: Cri, settings: Settings, health: Arc<Healt
         unhealthy: Mutex::new(HashMap::new()),
         health,
         memory_capacity: settings.memory_capacity,
+        allocatable: Mutex::new(None),
     });
     let manager = Arc::new(Pods { ctx, workers: Mutex::new(HashMap::new()), shutdown: shutdown.clone() });
     tokio::spawn(manager.clone().intake());

@@ -60,8 +60,8 @@ pub struct Worker {
     stage: Stage,
     /// Why each container waits (reason, message), shown in its status.
     waiting: HashMap<String, (String, String)>,
-    /// ContainerStatus of exited containers (they no longer change), by ID.
-    exited: HashMap<String, cri::ContainerStatus>,
+    /// ContainerStatus by container ID, as of the state it was asked in.
+    statuses: HashMap<String, cri::ContainerStatus>,
     /// The sandbox whose IPs are known, and the IPs.
     ips: Option<(String, Vec<String>)>,
     /// Why the pod is finished for good (reason, message), when the agent decided it.
@@ -110,7 +110,7 @@ impl Worker {
             wake,
             stage: Stage::Syncing,
             waiting: HashMap::new(),
-            exited: HashMap::new(),
+            statuses: HashMap::new(),
             ips: None,
             terminal: None,
             written: None,
@@ -278,7 +278,8 @@ impl Worker {
             let nth = seen.entry(name.clone()).or_default();
             *nth += 1;
             let state = cri::ContainerState::try_from(c.state).unwrap_or(cri::ContainerState::ContainerUnknown);
-            let status = if let Some(s) = self.exited.get(&c.id) {
+            // A container's status changes only with its state: ask once per state.
+            let status = if let Some(s) = self.statuses.get(&c.id).filter(|s| s.state == c.state) {
                 Some(s.clone())
             } else if *nth <= KEEP_EXITED {
                 match cri
@@ -288,8 +289,9 @@ impl Worker {
                     Ok(r) => r.status.map(|mut s| {
                         if state == cri::ContainerState::ContainerExited {
                             s.message = termination_message(&s, &c.annotations).unwrap_or(s.message);
-                            self.exited.insert(c.id.clone(), s.clone());
                         }
+                        s.state = c.state;
+                        self.statuses.insert(c.id.clone(), s.clone());
                         s
                     }),
                     Err(CriError::NotFound { .. }) => continue,
@@ -310,7 +312,7 @@ impl Worker {
             });
         }
         let ids: std::collections::HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
-        self.exited.retain(|id, _| ids.contains(id.as_str()));
+        self.statuses.retain(|id, _| ids.contains(id.as_str()));
         Ok(RuntimePod { sandboxes, containers })
     }
 
@@ -382,13 +384,25 @@ impl Worker {
                 let config = spec::sandbox_config(&pod, attempt, &self.ctx.log_dir(&pod), cgroup_parent.clone());
                 // No RuntimeClass objects are served yet: the class name is the runtime handler.
                 let handler = spec.runtime_class_name.clone().unwrap_or_default();
+                let (metadata, labels) = (config.metadata.clone(), config.labels.clone());
                 match self
                     .ctx
                     .cri
                     .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(config), runtime_handler: handler })
                     .await
                 {
-                    Ok(_) => {}
+                    // The new sandbox leads the view; its containers are yet to come (no relist).
+                    Ok(r) => rt.sandboxes.insert(
+                        0,
+                        cri::PodSandbox {
+                            id: r.pod_sandbox_id,
+                            metadata,
+                            state: cri::PodSandboxState::SandboxReady as i32,
+                            created_at: wall_ns(),
+                            labels,
+                            ..Default::default()
+                        },
+                    ),
                     Err(e) => {
                         self.event(
                             EventType::Warning,
@@ -400,8 +414,7 @@ impl Worker {
                         return Ok(false);
                     }
                 }
-                rt = self.runtime_pod().await?;
-                rt.ready_sandbox().cloned().ok_or_else(|| anyhow::anyhow!("the new sandbox is not ready"))?
+                rt.sandboxes[0].clone()
             }
         };
         let attempt = sandbox.metadata.as_ref().map_or(0, |m| m.attempt);
@@ -808,7 +821,7 @@ impl Worker {
                 Ok(_) | Err(CriError::NotFound { .. }) => {
                     let log = self.ctx.log_dir(pod).join(spec::log_path(&c.name, c.restart_count));
                     let _ = std::fs::remove_file(log);
-                    self.exited.remove(&c.id);
+                    self.statuses.remove(&c.id);
                 }
                 Err(e) => tracing::debug!("removing exited container {}: {e}", c.id),
             }
