@@ -233,7 +233,8 @@ fn watch_waiting_reasons(node: &Server, name: &str, yaml: &str, want: &[&str]) -
             }
         }
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // kubectl lists (nothing yet), then watches: give it time to be watching before the pod exists.
+    std::thread::sleep(Duration::from_secs(3));
     node.ok_stdin(&["apply", "-f", "-"], yaml);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut seen: Vec<String> = vec![];
