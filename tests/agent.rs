@@ -691,6 +691,20 @@ spec:
     assert!(std::fs::metadata(dir.join("0.log")).unwrap().len() < 10 << 20);
     eventually(10, || (node.ok(&["logs", "chatty", "--tail", "1"]).trim() == "the end").then_some(()));
 
+    // Deleting a pod whose image pull hangs (a registry on loopback that never answers) does not wait
+    // for the pull.
+    let registry = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: slowpull\nspec:\n  containers:\n  - name: main\n    image: 127.0.0.1:{}/cairn-test/slow:1\n",
+        registry.local_addr().unwrap().port()
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &slow);
+    eventually(60, || node.events("slowpull").iter().any(|(r, _)| r == "Pulling").then_some(()));
+    node.ok(&["delete", "pod", "slowpull", "--wait=false"]);
+    let gone = |_: &Value| node.kubectl(&["get", "pod", "slowpull"]).status.code() == Some(1);
+    node.wait_pod("slowpull", 8, "deleted while its image was being pulled", gone);
+    drop(registry);
+
     // kubectl logs -f follows new lines.
     node.wait_pod("ticker", 60, "Running", running);
     let mut follow = std::process::Command::new(common::kubectl_path())

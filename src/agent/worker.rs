@@ -685,7 +685,16 @@ impl Worker {
         self.event(EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
         let started = Instant::now();
         let auth = self.ctx.pull_auth(pod, &image);
-        match self.ctx.cri.pull_image(cri::PullImageRequest { image: spec(), auth, ..Default::default() }).await {
+        let pull = self.ctx.cri.pull_image(cri::PullImageRequest { image: spec(), auth, ..Default::default() });
+        // A pull can take minutes: a deletion meanwhile abandons it (the runtime finishes or drops it).
+        let pulled = tokio::select! {
+            r = pull => r,
+            () = deleted(self.updates.clone()) => {
+                tracing::info!("pod {}: stopped pulling {image}: the pod is being deleted", spec::full_name(pod));
+                return None;
+            }
+        };
+        match pulled {
             Ok(_) => {
                 let took = format!("{:.3}s", started.elapsed().as_secs_f64());
                 self.event(
@@ -884,6 +893,19 @@ impl Worker {
             }
         }
         phase
+    }
+}
+
+/// Resolves once an update deletes the pod (or the pod is gone).
+async fn deleted(mut updates: watch::Receiver<Update>) {
+    loop {
+        let gone = match &*updates.borrow_and_update() {
+            Update::Pod(p) => p.metadata.deletion_timestamp.is_some(),
+            Update::Removed(_) => true,
+        };
+        if gone || updates.changed().await.is_err() {
+            return;
+        }
     }
 }
 
