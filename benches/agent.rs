@@ -14,6 +14,8 @@
 //! Nothing is asserted; figures go to stdout and `target/bench-agent.json`.
 //! Environment: `CAIRN_BENCH_SINGLE` [20] single-pod samples, `CAIRN_BENCH_IDLE_SECS` [120].
 
+#[path = "../tests/common/busybox.rs"]
+mod busybox;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
 mod oci_image;
@@ -24,24 +26,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use busybox::{BUSYBOX, busybox_image};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
-const BUSYBOX: &str = "docker.io/cairn-bench/busybox:1";
-
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn busybox_image() -> Result<Vec<u8>> {
-    let busybox = std::fs::read("/bin/busybox").context("busybox-static is needed")?;
-    let mut image = oci_image::ImageBuilder::new(BUSYBOX).file("/bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "sleep"] {
-        image = image.symlink(&format!("/bin/{applet}"), "busybox");
-    }
-    Ok(image.oci_layout_tar())
 }
 
 struct Cairn {
@@ -56,7 +48,7 @@ impl Cairn {
         let dir = tempfile::tempdir()?;
         let data = dir.path().join("data");
         std::fs::create_dir_all(data.join("agent/images"))?;
-        std::fs::write(data.join("agent/images/busybox.tar"), busybox_image()?)?;
+        std::fs::write(data.join("agent/images/busybox.tar"), busybox_image())?;
         let kubeconfig = dir.path().join("kubeconfig.yaml");
         let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args(["server", "--bind-address", "127.0.0.1", "--https-listen-port", "0", "--log", "warn"])
@@ -71,12 +63,9 @@ impl Cairn {
             .context("starting cairn")?;
         let cairn = Cairn { child, data, kubeconfig, _dir: dir };
         let deadline = Instant::now() + Duration::from_secs(90);
-        while !cairn
-            .cairn(&["ctr", "images"])?
-            .stdout
-            .windows(BUSYBOX.len() - 2)
-            .any(|w| w == b"docker.io/cairn-bench/busybox")
-        {
+        // `cairn ctr images` prints the repository and the tag in separate columns.
+        let repo = BUSYBOX.rsplit_once(':').map_or(BUSYBOX, |(repo, _)| repo).as_bytes();
+        while !cairn.cairn(&["ctr", "images"])?.stdout.windows(repo.len()).any(|w| w == repo) {
             if Instant::now() > deadline {
                 bail!("cairn did not import the bench image within 90 s");
             }

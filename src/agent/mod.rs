@@ -85,7 +85,7 @@ pub fn start(registry: Registry, cri: Cri, cfg: Config, shutdown: CancellationTo
     if cfg.healthz_port != 0 {
         tokio::spawn(serve_healthz(cfg.healthz_port, health.clone(), shutdown.clone()));
     }
-    let runtime_health = Arc::new(pods::Health::default());
+    let runtime_health = Arc::new(pods::RuntimeHealth::default());
     let driver = if crate::runtime::containerd::systemd_cgroup_driver() {
         crate::cgroups::Driver::Systemd
     } else {
@@ -169,7 +169,7 @@ struct Heartbeat {
     cfg: Config,
     machine: Machine,
     health: Arc<Health>,
-    runtime_health: Arc<pods::Health>,
+    runtime_health: Arc<pods::RuntimeHealth>,
 }
 
 fn now() -> String {

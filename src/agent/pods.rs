@@ -38,12 +38,12 @@ const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(60);
 
 /// Runtime health shared with the node heartbeat: the network's readiness and PLEG's last relist.
 #[derive(Default)]
-pub struct Health {
+pub struct RuntimeHealth {
     network: Mutex<Option<String>>,
     relisted: AtomicU64,
 }
 
-impl Health {
+impl RuntimeHealth {
     pub fn set_network_problem(&self, problem: Option<String>) {
         *self.network.lock().unwrap_or_else(|e| e.into_inner()) = problem;
     }
@@ -81,7 +81,7 @@ pub struct Ctx {
     pub exec: Arc<dyn probes::Exec>,
     backoff: Mutex<Backoff>,
     unhealthy: Mutex<HashMap<String, Kind>>,
-    pub health: Arc<Health>,
+    pub health: Arc<RuntimeHealth>,
     memory_capacity: u64,
     allocatable: Mutex<Option<(std::time::Instant, crate::scheduler::types::Resources)>>,
 }
@@ -343,6 +343,14 @@ struct Handle {
 }
 
 impl Handle {
+    /// The pod as the worker has it, unless it is gone from the API.
+    fn pod(&self) -> Option<Pod> {
+        match &*self.tx.borrow() {
+            Update::Pod(p) => Some((**p).clone()),
+            Update::Removed(_) => None,
+        }
+    }
+
     /// Whether the pod still holds node resources (admission counts it).
     fn active(&self) -> bool {
         !self.stopped.load(Ordering::Relaxed)
@@ -368,7 +376,13 @@ pub struct Pods {
 }
 
 /// Starts the pod workers, PLEG, probe routing and housekeeping; they run until `shutdown`.
-pub fn start(registry: Registry, cri: Cri, settings: Settings, health: Arc<Health>, shutdown: CancellationToken) {
+pub fn start(
+    registry: Registry,
+    cri: Cri,
+    settings: Settings,
+    health: Arc<RuntimeHealth>,
+    shutdown: CancellationToken,
+) {
     let Some(pods) = registry.find("", "v1", "pods") else {
         tracing::error!("node agent: pods are not served; no pod workers");
         return;
@@ -432,15 +446,8 @@ impl Pods {
             for pod in pods.into_iter().filter(|p| self.mine(p)) {
                 self.on_pod(pod);
             }
-            let gone: Vec<Pod> = self
-                .workers()
-                .iter()
-                .filter(|(u, _)| !listed.contains(*u))
-                .filter_map(|(_, h)| match &*h.tx.borrow() {
-                    Update::Pod(p) => Some((**p).clone()),
-                    Update::Removed(_) => None,
-                })
-                .collect();
+            let gone: Vec<Pod> =
+                self.workers().iter().filter(|(u, _)| !listed.contains(*u)).filter_map(|(_, h)| h.pod()).collect();
             for pod in gone {
                 self.on_removed(pod);
             }
@@ -525,15 +532,7 @@ impl Pods {
     /// kubelet's `UpdateQOSCgroups`: the burstable tier's CPU shares follow its pods' requests.
     fn update_qos(&self) {
         let Some(cg) = self.ctx.cgroups.clone() else { return };
-        let active: Vec<Pod> = self
-            .workers()
-            .values()
-            .filter(|h| h.active())
-            .filter_map(|h| match &*h.tx.borrow() {
-                Update::Pod(p) => Some((**p).clone()),
-                Update::Removed(_) => None,
-            })
-            .collect();
+        let active: Vec<Pod> = self.workers().values().filter(|h| h.active()).filter_map(Handle::pod).collect();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = cg.update_qos(&active) {
                 tracing::warn!("updating the QoS cgroups: {e}");
@@ -832,7 +831,7 @@ mod tests {
 
     #[test]
     fn a_stale_relist_is_reported_as_kubelet_does() {
-        let health = Health::default();
+        let health = RuntimeHealth::default();
         assert_eq!(health.pleg_problem(), None, "no relist yet: nothing to report");
         health.relisted.store(crate::agent::unix_now(), Ordering::Relaxed);
         assert_eq!(health.pleg_problem(), None);

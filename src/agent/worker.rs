@@ -22,6 +22,14 @@ use crate::events::EventType;
 use crate::registry::DeleteOptions;
 use crate::runtime::cri::{self, CriError};
 
+/// The sandbox containers are started in; its CRI config (which reads the node's resolver) is built
+/// only when a container is actually created.
+struct SandboxRef<'a> {
+    id: &'a str,
+    attempt: u32,
+    cgroup_parent: &'a str,
+}
+
 /// What the manager hands a worker: the pod as it is now, or its last state once it is gone from
 /// the API.
 #[derive(Debug, Clone)]
@@ -417,8 +425,11 @@ impl Worker {
                 rt.sandboxes[0].clone()
             }
         };
-        let attempt = sandbox.metadata.as_ref().map_or(0, |m| m.attempt);
-        let sandbox_config = spec::sandbox_config(&pod, attempt, &self.ctx.log_dir(&pod), cgroup_parent);
+        let target = SandboxRef {
+            id: &sandbox.id,
+            attempt: sandbox.metadata.as_ref().map_or(0, |m| m.attempt),
+            cgroup_parent: &cgroup_parent,
+        };
         let pod_ips = self.pod_ips(&sandbox.id).await?;
         // Status as seen before starting anything (PodReadyToStartContainers, Pending).
         self.publish(&rt).await;
@@ -451,7 +462,7 @@ impl Worker {
             let current = rt.current_latest(&c.name);
             if status::init_done(&spec, i, &rt, started) {
                 if status::is_sidecar(c) && current.is_some_and(|l| l.exited()) {
-                    self.start(&pod, c, &sandbox.id, &sandbox_config, &rt, &pod_ips, &volumes).await;
+                    self.start(&pod, c, &target, &rt, &pod_ips, &volumes).await;
                 }
                 continue;
             }
@@ -463,7 +474,7 @@ impl Worker {
                     self.publish(&rt).await;
                     return Ok(true);
                 }
-                _ => self.start(&pod, c, &sandbox.id, &sandbox_config, &rt, &pod_ips, &volumes).await,
+                _ => self.start(&pod, c, &target, &rt, &pod_ips, &volumes).await,
             }
             break;
         }
@@ -482,7 +493,7 @@ impl Worker {
                     Some(l) => !l.running() && !l.exited(),
                 };
                 if start {
-                    self.start(&pod, c, &sandbox.id, &sandbox_config, &rt, &pod_ips, &volumes).await;
+                    self.start(&pod, c, &target, &rt, &pod_ips, &volumes).await;
                 }
             }
         }
@@ -520,13 +531,11 @@ impl Worker {
 
     /// Starts (or restarts) one container, honouring its backoff; failures are recorded as its
     /// waiting reason and events, not returned.
-    #[allow(clippy::too_many_arguments)]
     async fn start(
         &mut self,
         pod: &Pod,
         c: &Container,
-        sandbox_id: &str,
-        sandbox_config: &cri::PodSandboxConfig,
+        sandbox: &SandboxRef<'_>,
         rt: &RuntimePod,
         pod_ips: &[String],
         volumes: &crate::volumes::Volumes,
@@ -589,9 +598,14 @@ impl Worker {
             .ctx
             .cri
             .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: sandbox_id.into(),
+                pod_sandbox_id: sandbox.id.into(),
                 config: Some(config),
-                sandbox_config: Some(sandbox_config.clone()),
+                sandbox_config: Some(spec::sandbox_config(
+                    pod,
+                    sandbox.attempt,
+                    &self.ctx.log_dir(pod),
+                    sandbox.cgroup_parent.to_string(),
+                )),
             })
             .await;
         let id = match created {
@@ -622,7 +636,7 @@ impl Worker {
                 let rc = RuntimeContainer {
                     id: id.clone(),
                     name: c.name.clone(),
-                    sandbox_id: sandbox_id.into(),
+                    sandbox_id: sandbox.id.into(),
                     restart_count,
                     hash: String::new(),
                     state: cri::ContainerState::ContainerRunning,

@@ -1,5 +1,5 @@
 //! The test image: Debian's busybox-static as a one-layer OCI image with the applets the tests use.
-//! Included with `#[path]` next to `oci_image` by the tests that run containers.
+//! Included with `#[path]` next to `oci_image` by the tests and benchmarks that run containers.
 
 use super::oci_image;
 
