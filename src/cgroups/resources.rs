@@ -10,7 +10,7 @@ use k8s_cri::v1::{HugepageLimit, LinuxContainerResources};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::registry::kinds::pod_rules::parse_quantity;
+use crate::registry::kinds::pod_rules::{self, parse_quantity};
 
 /// The smallest CPU shares (and what BestEffort pods and the besteffort tier get).
 pub const MIN_SHARES: u64 = 2;
@@ -78,46 +78,9 @@ pub fn qos_class(pod: &Pod) -> QosClass {
         .unwrap_or_else(|| compute_qos_class(pod))
 }
 
-/// `ComputePodQOS`: pod-level resources when set; otherwise every container (init containers
-/// included) must be Guaranteed for the pod to be, or BestEffort for the pod to be.
+/// `ComputePodQOS`, from the spec alone.
 pub fn compute_qos_class(pod: &Pod) -> QosClass {
-    let Some(spec) = pod.spec.as_ref() else { return QosClass::BestEffort };
-    if let Some(resources) = &spec.resources {
-        return resource_qos(resources);
-    }
-    let mut pod_qos = None;
-    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
-        let qos = c.resources.as_ref().map_or(QosClass::BestEffort, resource_qos);
-        match pod_qos {
-            _ if qos == QosClass::Burstable => return qos,
-            None => pod_qos = Some(qos),
-            Some(seen) if seen != qos => return QosClass::Burstable,
-            Some(_) => {}
-        }
-    }
-    pod_qos.unwrap_or(QosClass::BestEffort)
-}
-
-/// `resourceQOS`: the class of one set of requirements (cpu and memory only; zero is unset).
-fn resource_qos(resources: &ResourceRequirements) -> QosClass {
-    let empty = |l: &Option<Quantities>| l.as_ref().is_none_or(|l| l.is_empty());
-    if empty(&resources.requests) && empty(&resources.limits) {
-        return QosClass::BestEffort;
-    }
-    let mut qos = None;
-    for name in [CPU, MEMORY] {
-        let request = milli_of(resources.requests.as_ref(), name);
-        if request != milli_of(resources.limits.as_ref(), name) {
-            return QosClass::Burstable;
-        }
-        let best_effort = request == 0;
-        match qos {
-            None => qos = Some(if best_effort { QosClass::BestEffort } else { QosClass::Guaranteed }),
-            Some(q) if best_effort != (q == QosClass::BestEffort) => return QosClass::Burstable,
-            Some(_) => {}
-        }
-    }
-    qos.unwrap_or(QosClass::BestEffort)
+    pod.spec.as_ref().map(pod_rules::qos_class).and_then(QosClass::parse).unwrap_or(QosClass::BestEffort)
 }
 
 /// The pod cgroup's limits (`ResourceConfig` of `ResourceConfigForPod`).

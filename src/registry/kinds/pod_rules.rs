@@ -1021,52 +1021,49 @@ fn is_pod_level_resource(name: &str) -> bool {
     name == "cpu" || name == "memory" || name.starts_with("hugepages-")
 }
 
-/// Guaranteed / Burstable / BestEffort, upstream's algorithm (init containers included,
-/// pod-level resources if set).
+/// Guaranteed / Burstable / BestEffort, as upstream's `ComputePodQOS`: pod-level resources decide
+/// when set; otherwise every container (init containers included) must be Guaranteed for the pod
+/// to be, or BestEffort for the pod to be, and any other mix is Burstable.
 pub fn qos_class(spec: &PodSpec) -> &'static str {
-    let mut requests: BTreeMap<&str, i128> = BTreeMap::new();
-    let mut limits: BTreeMap<&str, i128> = BTreeMap::new();
-    let mut guaranteed = true;
-    // Adds the positive cpu/memory quantities and reports which resources were present.
-    fn add<'a>(into: &mut BTreeMap<&'a str, i128>, list: Option<&'a Quantities>) -> HashSet<&'a str> {
-        let mut found = HashSet::new();
-        for (name, q) in list.into_iter().flatten() {
-            if name != "cpu" && name != "memory" {
-                continue;
-            }
-            if let Some(v) = parse_quantity(&q.0).filter(|v| *v > 0) {
-                found.insert(name.as_str());
-                let sum = into.entry(name.as_str()).or_insert(0);
-                *sum = sum.saturating_add(v);
-            }
-        }
-        found
+    if let Some(resources) = &spec.resources {
+        return resource_qos(resources);
     }
-    let pod_level = spec
-        .resources
-        .as_ref()
-        .filter(|r| r.requests.iter().chain(r.limits.iter()).flat_map(|l| l.keys()).any(|k| is_pod_level_resource(k)));
-    if let Some(res) = pod_level {
-        add(&mut requests, res.requests.as_ref());
-        if res.limits.as_ref().is_some_and(|l| !l.is_empty()) && add(&mut limits, res.limits.as_ref()).len() != 2 {
-            guaranteed = false;
-        }
-    } else {
-        for c in spec.containers.iter().chain(slice(&spec.init_containers)) {
-            let res = c.resources.as_ref();
-            add(&mut requests, res.and_then(|r| r.requests.as_ref()));
-            if add(&mut limits, res.and_then(|r| r.limits.as_ref())).len() != 2 {
-                guaranteed = false;
-            }
+    let mut pod_qos = None;
+    for c in slice(&spec.init_containers).iter().chain(&spec.containers) {
+        let qos = c.resources.as_ref().map_or("BestEffort", resource_qos);
+        match pod_qos {
+            _ if qos == "Burstable" => return qos,
+            None => pod_qos = Some(qos),
+            Some(seen) if seen != qos => return "Burstable",
+            Some(_) => {}
         }
     }
-    if requests.is_empty() && limits.is_empty() {
+    pod_qos.unwrap_or("BestEffort")
+}
+
+/// `resourceQOS`: the class of one set of requirements (cpu and memory only; zero is unset).
+fn resource_qos(resources: &ResourceRequirements) -> &'static str {
+    let empty = |l: &Option<Quantities>| l.as_ref().is_none_or(|l| l.is_empty());
+    if empty(&resources.requests) && empty(&resources.limits) {
         return "BestEffort";
     }
-    if guaranteed && requests.len() == limits.len() && requests.iter().all(|(k, v)| limits.get(k) == Some(v)) {
-        return "Guaranteed";
+    let amount = |l: &Option<Quantities>, name: &str| {
+        l.as_ref().and_then(|l| l.get(name)).and_then(|q| parse_quantity(&q.0)).unwrap_or(0)
+    };
+    let mut qos = None;
+    for name in ["cpu", "memory"] {
+        let request = amount(&resources.requests, name);
+        if request != amount(&resources.limits, name) {
+            return "Burstable";
+        }
+        let class = if request == 0 { "BestEffort" } else { "Guaranteed" };
+        match qos {
+            None => qos = Some(class),
+            Some(q) if q != class => return "Burstable",
+            Some(_) => {}
+        }
     }
-    "Burstable"
+    qos.unwrap_or("BestEffort")
 }
 
 // ---------------------------------------------------------------------------------------------
