@@ -174,11 +174,19 @@ async fn delete_all(pods: &Api<Pod>) -> Result<()> {
     Ok(())
 }
 
-/// Bytes `pid` writes to disk over `secs` of idling, per hour.
-async fn idle_writes_per_hour(pid: u32, secs: u64) -> f64 {
+/// Bytes `pid` writes to disk over `secs` of idling, per hour, and the bytes of each 10 s step (so
+/// a burst shows apart from a steady rate).
+async fn idle_writes_per_hour(pid: u32, secs: u64) -> (f64, Vec<u64>) {
     let before = write_bytes(pid);
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    (write_bytes(pid).saturating_sub(before)) as f64 * 3600.0 / secs as f64
+    let mut steps = vec![];
+    let mut last = before;
+    for _ in 0..secs.div_ceil(10) {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let now = write_bytes(pid);
+        steps.push(now.saturating_sub(last));
+        last = now;
+    }
+    (last.saturating_sub(before) as f64 * 3600.0 / (steps.len() as f64 * 10.0), steps)
 }
 
 fn bench_cri(cairn: &Cairn, pods: usize, parallel: usize) -> Result<Vec<Value>> {
@@ -214,7 +222,7 @@ async fn main() -> Result<()> {
     let mut report = json!({});
 
     let rss_0 = rss_kib(pid);
-    let writes_0 = idle_writes_per_hour(pid, idle_secs).await;
+    let (writes_0, steps_0) = idle_writes_per_hour(pid, idle_secs).await;
     let containerd_writes_0 = cairn.containerd_pid().map(write_bytes);
     println!("idle, 0 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_0 as f64 / 1024.0, writes_0 / 1048576.0);
 
@@ -251,8 +259,9 @@ async fn main() -> Result<()> {
     // Let the store settle after the churn of the runs above (sled compacts what they deleted).
     tokio::time::sleep(Duration::from_secs(60)).await;
     let rss_50 = rss_kib(pid);
-    let writes_50 = idle_writes_per_hour(pid, idle_secs).await;
+    let (writes_50, steps_50) = idle_writes_per_hour(pid, idle_secs).await;
     println!("idle, 50 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_50 as f64 / 1024.0, writes_50 / 1048576.0);
+    println!("idle writes per 10 s, 0 pods: {steps_0:?}; 50 pods: {steps_50:?}");
     delete_all(&pods).await?;
 
     report["raw_cri_floor"] = json!(floor);
@@ -262,7 +271,7 @@ async fn main() -> Result<()> {
     report["agent_100_all_running_s"] = json!(all_running_s);
     report["idle_rss_mib"] = json!({"pods_0": rss_0 as f64 / 1024.0, "pods_50": rss_50 as f64 / 1024.0});
     report["idle_writes_mib_per_hour"] = json!({"pods_0": writes_0 / 1048576.0, "pods_50": writes_50 / 1048576.0,
-        "idle_window_s": idle_secs, "containerd_total_written_mib": containerd_writes_0.map(|b| b as f64 / 1048576.0)});
+        "idle_window_s": idle_secs, "bytes_per_10s_pods_0": steps_0, "bytes_per_10s_pods_50": steps_50, "containerd_total_written_mib": containerd_writes_0.map(|b| b as f64 / 1048576.0)});
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-agent.json");
     std::fs::write(&out, serde_json::to_vec_pretty(&report)?)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
