@@ -611,6 +611,28 @@ spec:
 apiVersion: v1
 kind: Pod
 metadata:
+  name: shortened
+spec:
+  terminationGracePeriodSeconds: 120
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "trap '' TERM; while true; do sleep 1; done"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: forced
+spec:
+  terminationGracePeriodSeconds: 120
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["/bin/sh", "-c", "trap '' TERM; while true; do sleep 1; done"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
   name: sidecar
 spec:
   volumes: [{{name: shared, emptyDir: {{medium: Memory}}}}]
@@ -668,6 +690,30 @@ spec:
     });
     assert_eq!(restarts(&p), 1);
     assert!(node.events("phoenix").iter().any(|(r, _)| r == "SandboxChanged"));
+
+    // A pod deleted with a long grace period: a second delete with a shorter one cuts the wait, and
+    // so does a force delete (the object is gone at once; the agent still stops the container).
+    node.wait_pod("shortened", 60, "Running", running);
+    node.wait_pod("forced", 60, "Running", running);
+    node.ok(&["delete", "pod", "shortened", "forced", "--wait=false"]);
+    std::thread::sleep(Duration::from_secs(3));
+    let started = Instant::now();
+    node.ok(&["delete", "pod", "shortened", "--grace-period", "1"]);
+    let shortened = started.elapsed();
+    assert!(shortened < Duration::from_secs(20), "a shorter grace period is honoured ({shortened:?}, not 120 s)");
+    let running_containers = |pod: &str| {
+        rt.block_on(async {
+            let mut labels = std::collections::HashMap::new();
+            labels.insert("io.kubernetes.pod.name".to_string(), pod.to_string());
+            let state = Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 });
+            let filter = cri::ContainerFilter { label_selector: labels, state, ..Default::default() };
+            let req = cri::ListContainersRequest { filter: Some(filter) };
+            cri::Cri::new(&socket).list_containers(req).await.unwrap().containers.len()
+        })
+    };
+    assert_eq!(running_containers("forced"), 1, "still in its grace period");
+    node.ok(&["delete", "pod", "forced", "--force", "--grace-period", "0"]);
+    eventually(20, || (running_containers("forced") == 0).then_some(()));
 
     // activeDeadlineSeconds.
     let p = node.wait_pod("deadline", 60, "Failed", |p| phase(p) == "Failed");

@@ -252,8 +252,8 @@ impl Worker {
     /// The pod vanished from the API (deleted for good): stop everything and clean up.
     async fn removed(&mut self) -> Next {
         if self.stage == Stage::Syncing {
-            let grace = self.pod.metadata.deletion_grace_period_seconds.unwrap_or_else(|| self.spec_grace());
-            if let Err(e) = self.terminate(grace, false).await {
+            // Gone from the API while still running: force-deleted, so no grace period is left.
+            if let Err(e) = self.terminate(0, false).await {
                 tracing::warn!("pod {}: stopping: {e:#}", spec::full_name(&self.pod));
             }
         }
@@ -788,10 +788,29 @@ impl Worker {
         let (sidecars, regular): (Vec<_>, Vec<_>) = rt.running().partition(|c| is_sidecar(&c.name));
         // One grace period for the whole pod: sidecars get what the app containers left.
         let deadline = Instant::now() + Duration::from_secs(grace.max(0) as u64);
-        futures::future::join_all(regular.iter().map(|c| self.kill_container(c, find(&c.name), grace, None))).await;
-        for c in sidecars.iter().rev() {
-            let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
-            self.kill_container(c, find(&c.name), left, None).await;
+        let kill = async {
+            futures::future::join_all(regular.iter().map(|c| self.kill_container(c, find(&c.name), grace, None))).await;
+            for c in sidecars.iter().rev() {
+                let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
+                self.kill_container(c, find(&c.name), left, None).await;
+            }
+        };
+        let mut shorter = tokio::select! {
+            () = kill => None,
+            g = sooner_deadline(self.updates.clone(), deadline) => Some(g),
+        };
+        // A second delete with a shorter grace period, or a force delete, cuts the wait (kubelet
+        // kills again with the shorter period; the first stop calls are abandoned).
+        while let Some(g) = shorter.take() {
+            tracing::info!("pod {}: stopping with a shorter grace period of {g}s", spec::full_name(&pod));
+            let deadline = Instant::now() + Duration::from_secs(g.max(0) as u64);
+            let rt = self.runtime_pod().await?;
+            let timeout = Duration::from_secs(g.max(MIN_GRACE) as u64);
+            let stops = futures::future::join_all(rt.running().map(|c| self.ctx.cri.stop_container(&c.id, timeout)));
+            tokio::select! {
+                _ = stops => {}
+                g = sooner_deadline(self.updates.clone(), deadline) => shorter = Some(g),
+            }
         }
         for s in rt.sandboxes.iter().filter(|s| s.state == cri::PodSandboxState::SandboxReady as i32) {
             match self.ctx.cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() }).await {
@@ -911,6 +930,24 @@ impl Worker {
 }
 
 /// Resolves once an update deletes the pod (or the pod is gone).
+/// Resolves with the grace period of a newer deletion request that ends before `deadline`: a
+/// second delete with a shorter grace period, or the pod gone from the API (forced: zero).
+async fn sooner_deadline(mut updates: watch::Receiver<Update>, deadline: Instant) -> i64 {
+    while updates.changed().await.is_ok() {
+        let grace = match &*updates.borrow_and_update() {
+            Update::Pod(p) => p.metadata.deletion_grace_period_seconds,
+            Update::Removed(_) => Some(0),
+        };
+        if let Some(g) = grace
+            && Instant::now() + Duration::from_secs(g.max(0) as u64) < deadline
+        {
+            return g;
+        }
+    }
+    // The manager is gone (cairn is stopping): nothing shortens the wait any more.
+    std::future::pending().await
+}
+
 async fn deleted(mut updates: watch::Receiver<Update>) {
     loop {
         let gone = match &*updates.borrow_and_update() {
