@@ -6,7 +6,8 @@
 //!    observed through a watch: one pod at a time, 10 at once and 100 at once (p50, p99, and the
 //!    time until all 100 run).
 //! 2. The raw CRI floor in the same run: `cairn bench cri` (RunPodSandbox + CreateContainer +
-//!    StartContainer by a direct client) against the same containerd, one at a time and 10 at once.
+//!    StartContainer by a direct client) against the same containerd, one at a time, 10 at once
+//!    and 100 at once.
 //! 3. Idle RSS of the cairn process (containerd excluded) with 0 and with 50 pods.
 //! 4. Bytes cairn writes to disk at idle (`/proc/<pid>/io` write_bytes over a quiet window), with
 //!    0 and with 50 pods, extrapolated to an hour; containerd's for comparison.
@@ -246,6 +247,9 @@ async fn main() -> Result<()> {
     let ten = summary(ten);
     println!("agent, 10 at once: {ten}");
 
+    // The floor for 100 at once: its "100 in parallel" total p99 is when the last one ran.
+    let floor_100 = bench_cri(&cairn, 100, 100)?;
+    println!("raw CRI floor, 100: {}", serde_json::to_string(&floor_100)?);
     let started = Instant::now();
     let names: Vec<String> = (0..100).map(|i| format!("hundred-{i}")).collect();
     let hundred = start_pods(&pods, &names).await?;
@@ -265,6 +269,7 @@ async fn main() -> Result<()> {
     delete_all(&pods).await?;
 
     report["raw_cri_floor"] = json!(floor);
+    report["raw_cri_floor_100"] = json!(floor_100);
     report["agent_single"] = single;
     report["agent_10_at_once"] = ten;
     report["agent_100_at_once"] = hundred;
