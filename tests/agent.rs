@@ -611,28 +611,6 @@ spec:
 apiVersion: v1
 kind: Pod
 metadata:
-  name: shortened
-spec:
-  terminationGracePeriodSeconds: 120
-  containers:
-  - name: main
-    image: {BUSYBOX}
-    command: ["/bin/sh", "-c", "trap '' TERM; while true; do sleep 1; done"]
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: forced
-spec:
-  terminationGracePeriodSeconds: 120
-  containers:
-  - name: main
-    image: {BUSYBOX}
-    command: ["/bin/sh", "-c", "trap '' TERM; while true; do sleep 1; done"]
----
-apiVersion: v1
-kind: Pod
-metadata:
   name: sidecar
 spec:
   volumes: [{{name: shared, emptyDir: {{medium: Memory}}}}]
@@ -649,7 +627,9 @@ spec:
     volumeMounts: [{{name: shared, mountPath: /shared}}]
 "#
     );
-    node.ok_stdin(&["apply", "-f", "-"], &manifest);
+    let patient = ["shortened", "forced"]
+        .map(|n| pod_yaml(n, "  terminationGracePeriodSeconds: 120", "", "trap '' TERM; while true; do sleep 1; done"));
+    node.ok_stdin(&["apply", "-f", "-"], &[manifest, patient.join("---\n")].join("---\n"));
 
     // ConfigMap and Secret as env and files, and the downward API.
     node.wait_pod("config", 60, "Succeeded", |p| phase(p) == "Succeeded");
