@@ -929,7 +929,6 @@ impl Worker {
     }
 }
 
-/// Resolves once an update deletes the pod (or the pod is gone).
 /// Resolves with the grace period of a newer deletion request that ends before `deadline`: a
 /// second delete with a shorter grace period, or the pod gone from the API (forced: zero).
 async fn sooner_deadline(mut updates: watch::Receiver<Update>, deadline: Instant) -> i64 {
@@ -948,6 +947,7 @@ async fn sooner_deadline(mut updates: watch::Receiver<Update>, deadline: Instant
     std::future::pending().await
 }
 
+/// Resolves once an update deletes the pod (or the pod is gone).
 async fn deleted(mut updates: watch::Receiver<Update>) {
     loop {
         let gone = match &*updates.borrow_and_update() {
@@ -980,4 +980,33 @@ fn termination_message(status: &cri::ContainerStatus, annotations: &HashMap<Stri
         .ok()?;
     let text = String::from_utf8_lossy(&buf).to_string();
     (!text.is_empty()).then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deleting(grace: i64) -> Arc<Pod> {
+        let mut pod = Pod::default();
+        pod.metadata.deletion_grace_period_seconds = Some(grace);
+        Arc::new(pod)
+    }
+
+    #[tokio::test]
+    async fn only_an_earlier_end_shortens_the_grace_period() {
+        let (tx, rx) = watch::channel(Update::Pod(deleting(30)));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let sooner = tokio::spawn(sooner_deadline(rx.clone(), deadline));
+        // The same or a longer period (a repeated delete, a label change) keeps the deadline.
+        tx.send(Update::Pod(deleting(30))).unwrap();
+        tx.send(Update::Pod(deleting(60))).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!sooner.is_finished());
+        tx.send(Update::Pod(deleting(1))).unwrap();
+        assert_eq!(sooner.await.unwrap(), 1);
+        // A force delete: the pod is gone from the API.
+        let forced = tokio::spawn(sooner_deadline(rx, deadline));
+        tx.send(Update::Removed(deleting(30))).unwrap();
+        assert_eq!(forced.await.unwrap(), 0);
+    }
 }
