@@ -17,6 +17,8 @@
 
 #[path = "../tests/common/busybox.rs"]
 mod busybox;
+#[path = "common/cri_floor.rs"]
+mod cri_floor;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
 mod oci_image;
@@ -28,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use busybox::{BUSYBOX, busybox_image};
+use cri_floor::bench_cri;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
@@ -190,26 +193,6 @@ async fn idle_writes_per_hour(pid: u32, secs: u64) -> (f64, Vec<u64>) {
     (last.saturating_sub(before) as f64 * 3600.0 / (steps.len() as f64 * 10.0), steps)
 }
 
-fn bench_cri(cairn: &Cairn, pods: usize, parallel: usize) -> Result<Vec<Value>> {
-    let out = cairn.cairn(&[
-        "bench",
-        "cri",
-        "--image",
-        BUSYBOX,
-        "--pods",
-        &pods.to_string(),
-        "--parallel",
-        &parallel.to_string(),
-        "--command",
-        "/bin/sleep",
-        "3600",
-    ])?;
-    if !out.status.success() {
-        bail!("cairn bench cri failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| Ok(serde_json::from_str(l)?)).collect()
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let singles = env_or("CAIRN_BENCH_SINGLE", 20);
@@ -228,7 +211,7 @@ async fn main() -> Result<()> {
     println!("idle, 0 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_0 as f64 / 1024.0, writes_0 / 1048576.0);
 
     // Raw CRI floor, then the agent path, one pod at a time.
-    let floor = bench_cri(&cairn, singles, 10)?;
+    let floor = bench_cri(|a| cairn.cairn(a), BUSYBOX, singles, 10)?;
     println!("raw CRI floor: {}", serde_json::to_string(&floor)?);
     let mut single = vec![];
     for i in 0..singles {
@@ -248,7 +231,7 @@ async fn main() -> Result<()> {
     println!("agent, 10 at once: {ten}");
 
     // The floor for 100 at once: its "100 in parallel" total p99 is when the last one ran.
-    let floor_100 = bench_cri(&cairn, 100, 100)?;
+    let floor_100 = bench_cri(|a| cairn.cairn(a), BUSYBOX, 100, 100)?;
     println!("raw CRI floor, 100: {}", serde_json::to_string(&floor_100)?);
     let started = Instant::now();
     let names: Vec<String> = (0..100).map(|i| format!("hundred-{i}")).collect();

@@ -15,6 +15,8 @@
 //! Environment: `CAIRN_BENCH_PODS` [50], `CAIRN_BENCH_PARALLEL` [10], `CAIRN_BENCH_ROUNDS` [2],
 //! `CAIRN_BENCH_PARTS` [`startup,cni,import`].
 
+#[path = "common/cri_floor.rs"]
+mod cri_floor;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
 mod oci_image;
@@ -25,6 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use cri_floor::bench_cri;
 use serde_json::{Value, json};
 
 const BUSYBOX: &str = "docker.io/cairn-bench/busybox:1";
@@ -88,26 +91,6 @@ impl Cairn {
         self.cairn(&["ctr", "images"]).is_ok_and(|o| {
             String::from_utf8_lossy(&o.stdout).lines().any(|l| l.split_whitespace().take(2).eq([repo, tag]))
         })
-    }
-
-    fn bench_cri(&self, pods: usize, parallel: usize) -> Result<Vec<Value>> {
-        let out = self.cairn(&[
-            "bench",
-            "cri",
-            "--image",
-            BUSYBOX,
-            "--pods",
-            &pods.to_string(),
-            "--parallel",
-            &parallel.to_string(),
-            "--command",
-            "/bin/sleep",
-            "3600",
-        ])?;
-        if !out.status.success() {
-            bail!("cairn bench cri failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| Ok(serde_json::from_str(l)?)).collect()
     }
 
     fn socket(&self) -> PathBuf {
@@ -233,7 +216,7 @@ fn startup(pods: usize, parallel: usize, rounds: usize, image: &[u8], scratch: &
         for (label, reference) in [("cairn", None), ("reference", Some(ref_conf.as_path()))] {
             let cidr = if reference.is_some() { "10.61.0.0/16" } else { "10.60.0.0/16" };
             let node = Cairn::start(cidr, reference, image)?;
-            let f = node.bench_cri(pods, parallel)?;
+            let f = bench_cri(|a| node.cairn(a), BUSYBOX, pods, parallel)?;
             println!("round {round} {label}: {}", serde_json::to_string(&f)?);
             figures.push((label.to_string(), f));
         }
