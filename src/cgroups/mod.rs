@@ -65,6 +65,37 @@ impl Version {
     }
 }
 
+/// Fails, naming the kernel parameter to add, when the memory controller is off: pods' memory limits
+/// and OOM handling need it (kubelet refuses to start without it too). Raspberry Pi OS boots with
+/// `cgroup_disable=memory` unless its command line says otherwise.
+pub fn check_memory_controller() -> Result<(), String> {
+    let version = Version::detect();
+    let text = match version {
+        Version::V2 => fs::read_to_string("/sys/fs/cgroup/cgroup.controllers"),
+        Version::V1 => fs::read_to_string("/proc/cgroups"),
+    };
+    // Unreadable: nothing is known, and the cgroup manager says what fails later.
+    let Ok(text) = text else { return Ok(()) };
+    if memory_controller_enabled(version, &text) {
+        return Ok(());
+    }
+    Err("the kernel's cgroup memory controller is not enabled, and pods' memory limits need it: add \
+         `cgroup_memory=1 cgroup_enable=memory` to the kernel command line and reboot (on Raspberry Pi OS, at the \
+         end of the one line in /boot/firmware/cmdline.txt, or /boot/cmdline.txt on older releases)"
+        .into())
+}
+
+/// v2: `memory` among the root's `cgroup.controllers`; v1: `/proc/cgroups` lists it enabled.
+fn memory_controller_enabled(version: Version, text: &str) -> bool {
+    match version {
+        Version::V2 => text.split_whitespace().any(|c| c == "memory"),
+        Version::V1 => text.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.first() == Some(&"memory") && cols.get(3) == Some(&"1")
+        }),
+    }
+}
+
 /// How cgroups are named: plain directories, or systemd slices (`kubepods.slice/...`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Driver {

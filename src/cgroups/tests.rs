@@ -455,3 +455,13 @@ fn memory_limit_oom_kills_the_process() {
     m.remove_all().unwrap();
     result.unwrap();
 }
+
+#[test]
+fn the_memory_controller_is_found_or_missed() {
+    let v1 = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpu\t3\t1\t1\nmemory\t4\t25\t1\n";
+    assert!(memory_controller_enabled(Version::V1, v1));
+    // Raspberry Pi OS without cgroup_enable=memory: listed, disabled.
+    assert!(!memory_controller_enabled(Version::V1, &v1.replace("25\t1", "25\t0")));
+    assert!(memory_controller_enabled(Version::V2, "cpuset cpu io memory hugetlb pids rdma misc\n"));
+    assert!(!memory_controller_enabled(Version::V2, "cpuset cpu io pids\n"));
+}

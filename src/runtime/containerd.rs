@@ -112,23 +112,33 @@ pub fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
 
-/// Finds containerd and the programs it runs containers with, or says exactly what to install.
+/// Finds containerd and the programs it runs containers with, or names the package to install.
 pub fn find_binaries(bin: Option<&Path>) -> Result<PathBuf> {
-    const HINT: &str = "install containerd and runc (Debian/Ubuntu: apt-get install containerd runc), point cairn \
-                        at containerd with --containerd-bin, or use a running CRI runtime with \
-                        --container-runtime-endpoint unix:///run/containerd/containerd.sock";
+    const OR: &str = "or use a running CRI runtime with --container-runtime-endpoint \
+                      unix:///run/containerd/containerd.sock";
     let containerd = match bin {
         Some(path) if path.is_file() => path.to_path_buf(),
-        Some(path) => bail!("--containerd-bin {}: no such file; {HINT}", path.display()),
-        None => which("containerd").with_context(|| format!("containerd was not found in PATH; {HINT}"))?,
+        Some(path) => bail!("--containerd-bin {}: no such file; give containerd's path, {OR}", path.display()),
+        None => which("containerd").with_context(|| {
+            format!(
+                "containerd was not found in PATH: install it (Debian/Ubuntu: apt-get install containerd), point \
+                 cairn at one with --containerd-bin, {OR}"
+            )
+        })?,
     };
     // The shim lives beside containerd or in PATH; runc must be in PATH.
     let beside = containerd.parent().map(|d| d.join("containerd-shim-runc-v2"));
     if !beside.is_some_and(|p| p.is_file()) && which("containerd-shim-runc-v2").is_none() {
-        bail!("containerd-shim-runc-v2 was not found beside {} or in PATH; {HINT}", containerd.display());
+        bail!(
+            "containerd-shim-runc-v2 was not found beside {} or in PATH: it comes with containerd (Debian/Ubuntu: \
+             apt-get install containerd), {OR}",
+            containerd.display()
+        );
     }
     if which("runc").is_none() {
-        bail!("runc was not found in PATH; {HINT}");
+        bail!(
+            "runc was not found in PATH: containerd runs containers with it; install it (Debian/Ubuntu: apt-get install runc), {OR}"
+        );
     }
     Ok(containerd)
 }
@@ -421,7 +431,7 @@ mod tests {
     #[test]
     fn a_missing_binary_says_what_to_install() {
         let err = find_binaries(Some(Path::new("/nonexistent/containerd"))).unwrap_err().to_string();
-        assert!(err.contains("apt-get install containerd runc"), "{err}");
+        assert!(err.contains("/nonexistent/containerd: no such file"), "{err}");
         assert!(err.contains("--container-runtime-endpoint"), "{err}");
     }
 }

@@ -1534,7 +1534,31 @@ pub struct ImageDir {
     settles_in: Option<Duration>,
 }
 
+/// The note [`ImageDir::prepare`] leaves in the folder, so that a newcomer finds what it is for.
+const README_NAME: &str = "README.txt";
+const README: &str = "\
+Images dropped here are imported into the node's containerd (namespace k8s.io) at start and whenever
+a file appears or changes, so pods can run them without a registry (air-gapped, as k3s's agent/images).
+
+  *.tar *.tar.gz *.tgz *.tar.zst   an OCI layout or `docker save` tarball, e.g.
+                                   docker save nginx:1.27 -o nginx.tar   (on a machine with a registry)
+  *.txt                            image references to pull, one per line (# starts a comment)
+
+A file is imported once: images.imported.json beside this folder remembers what was done. A file that
+cannot be imported is logged and skipped until it changes. By hand: cairn images import FILE...
+";
+
 impl ImageDir {
+    /// Creates the folder with its README (left alone once there, so an edited one survives).
+    pub fn prepare(dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let readme = dir.join(README_NAME);
+        if !readme.exists() {
+            std::fs::write(readme, README)?;
+        }
+        Ok(())
+    }
+
     pub fn new(dir: PathBuf, state_file: PathBuf) -> Self {
         let label = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
         let mut state = match std::fs::read(&state_file) {
@@ -1793,8 +1817,11 @@ fn file_stamp(meta: &std::fs::Metadata) -> (u64, i64) {
     (meta.len(), meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec()))
 }
 
-/// By name first, then by content.
+/// By name first, then by content. The folder's own [`README`] is neither.
 fn classify(name: &str, path: &Path) -> Option<FileKind> {
+    if name == README_NAME {
+        return None;
+    }
     if name.ends_with(".txt") {
         return Some(FileKind::PullList);
     }
@@ -2384,6 +2411,7 @@ mod tests {
             p
         };
         assert_eq!(classify("a.txt", &w("a.txt", b"x")), Some(FileKind::PullList));
+        assert_eq!(classify(README_NAME, &w(README_NAME, README.as_bytes())), None);
         assert_eq!(classify("a.tar.zst", &w("a.tar.zst", b"x")), Some(FileKind::Tarball));
         assert_eq!(classify("a.tgz", &w("a.tgz", b"x")), Some(FileKind::Tarball));
         assert_eq!(classify("noext", &w("noext", &gzip(b"x"))), Some(FileKind::Tarball));

@@ -86,6 +86,7 @@ impl Config {
                  run cairn as root, or pass --disable-agent to run only the API server and scheduler"
             );
         }
+        crate::cgroups::check_memory_controller().map_err(anyhow::Error::msg)?;
         if self.cni_bin_dir.is_none() {
             net::check_host()?;
         }
@@ -106,6 +107,8 @@ pub struct Runtime {
 /// Prepares the pod network files, starts containerd (unless an external runtime is named), imports
 /// the sandbox image and the air-gapped images, and keeps watching the images directory.
 pub async fn start(cfg: &Config, shutdown: CancellationToken) -> Result<Runtime> {
+    images::ImageDir::prepare(&cfg.images_dir())
+        .with_context(|| format!("creating the images folder {}", cfg.images_dir().display()))?;
     if cfg.cni_bin_dir.is_none() && cfg.cni_conf_dir.is_none() {
         let exe = std::env::current_exe().context("finding cairn's own executable for the CNI plugin")?;
         net::install(&cfg.network(), &exe, &cfg.cni_bin_dir(), &cfg.cni_conf_dir())
