@@ -197,7 +197,7 @@ mod tests {
     async fn repeats_aggregate_into_one_event() {
         let dir = tempfile::tempdir().unwrap();
         let registry = Registry::new(Store::open(dir.path(), Options::default()).unwrap());
-        crate::controllers::bootstrap(&registry).await.unwrap();
+        crate::registry::bootstrap::system_namespaces(&registry).await.unwrap();
         let rec = Recorder::spawn(registry.clone(), "default-scheduler".into(), "node1".into());
         let pod = ObjectRef {
             kind: "Pod",

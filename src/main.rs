@@ -3,6 +3,7 @@
 mod agent;
 mod api;
 mod cgroups;
+mod client;
 mod controllers;
 mod events;
 mod net;

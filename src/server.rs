@@ -11,8 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent;
 use crate::api::{self, AppState, Tokens, User, pki};
+use crate::client;
 use crate::controllers;
-use crate::registry::Registry;
+use crate::registry::{self, Registry};
 use crate::runtime;
 use crate::scheduler;
 use crate::store::{self, Store};
@@ -155,7 +156,7 @@ async fn start_control_plane(
     tokens.add(token, User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] });
 
     let registry = Registry::new(store);
-    controllers::bootstrap(&registry).await.context("creating the system namespaces")?;
+    registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
     if let Some(config) = &cfg.scheduler {
         scheduler::Scheduler::start(registry.clone(), config, &cfg.node_name, shutdown.clone())?;
     }
@@ -194,7 +195,8 @@ async fn start_control_plane(
     pki::write_kubeconfig(&cfg.write_kubeconfig, cfg.write_kubeconfig_mode, &url, &pki)
         .with_context(|| format!("writing the kubeconfig {}", cfg.write_kubeconfig.display()))?;
 
-    controllers::spawn_all(&registry, &shutdown);
+    let controller_client = client::in_process(state.clone(), client::controller_manager());
+    controllers::spawn_all(&controller_client, &registry, &shutdown);
     let kubeconfig = cfg.write_kubeconfig.clone();
     let renew_url = url.clone();
     let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, move |p| {

@@ -1,94 +1,80 @@
-//! Namespace deletion: a terminating namespace is emptied, then its `kubernetes` finalizer is removed
-//! through `/finalize`, which lets the storage delete it.
+//! Namespace deletion (upstream's namespace controller): a terminating namespace is emptied,
+//! resource by resource as discovery lists them, then its `kubernetes` finalizer is removed through
+//! `/finalize`, which lets the storage delete it.
 
-use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::discovery::{Discovery, Scope, verbs};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt as _};
 
-use super::{name_of, parse, resource};
-use crate::registry::{Registry, StatusError, WatchItem, WatchOptions, WriteOptions, is_terminating};
+use super::runtime::{Error, Reconciler};
+use crate::registry::kinds::NAMESPACE_FINALIZER;
 
-/// How often namespaces still waiting for their content to go are looked at again.
+/// How soon a namespace whose content is still going is looked at again.
 const RECHECK: Duration = Duration::from_secs(2);
 
-pub async fn run(registry: Registry) -> Result<(), StatusError> {
-    let namespaces = resource(&registry, "", "namespaces")?;
-    let mut watch = registry.watch(&namespaces, None, WatchOptions::default())?;
-    let mut terminating: BTreeSet<String> = BTreeSet::new();
-    let mut tick = tokio::time::interval(RECHECK);
-    loop {
-        tokio::select! {
-            item = watch.next() => match item? {
-                WatchItem::Added(o) | WatchItem::Modified(o) => {
-                    let v = parse(&o)?;
-                    if is_terminating(&v) {
-                        terminating.insert(name_of(&v));
-                    }
-                }
-                WatchItem::Deleted(o) => {
-                    terminating.remove(&name_of(&parse(&o)?));
-                }
-                WatchItem::Bookmark { .. } => {}
-            },
-            _ = tick.tick(), if !terminating.is_empty() => {}
+pub struct Namespaces {
+    pub client: Client,
+}
+
+pub fn controller(client: &Client) -> Controller<Namespace> {
+    Controller::new(Api::all(client.clone()), watcher::Config::default())
+}
+
+impl Reconciler for Namespaces {
+    type Object = Namespace;
+    const NAME: &'static str = "namespace";
+
+    async fn reconcile(&self, ns: Arc<Namespace>) -> Result<Action, Error> {
+        let finalizers = ns.spec.as_ref().and_then(|s| s.finalizers.as_ref());
+        if ns.metadata.deletion_timestamp.is_none()
+            || !finalizers.is_some_and(|f| f.iter().any(|f| f == NAMESPACE_FINALIZER))
+        {
+            return Ok(Action::await_change());
         }
-        let pending: Vec<String> = terminating.iter().cloned().collect();
-        for ns in pending {
-            if finish(&registry, &ns).await? {
-                terminating.remove(&ns);
-            }
+        let name = ns.name_any();
+        if self.delete_content(&name).await? > 0 {
+            return Ok(Action::requeue(RECHECK));
         }
+        let mut body = (*ns).clone();
+        if let Some(f) = body.spec.as_mut().and_then(|s| s.finalizers.as_mut()) {
+            f.retain(|f| f != NAMESPACE_FINALIZER);
+        }
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        match namespaces.replace_subresource("finalize", &name, &PostParams::default(), &body).await {
+            Ok(_) => tracing::info!("namespace {name} is empty and finalized"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(Action::await_change())
     }
 }
 
-/// Deletes what is left in `ns`; once nothing is, finalizes it. Returns whether it was finalized.
-async fn finish(registry: &Registry, ns: &str) -> Result<bool, StatusError> {
-    let mut left = 0;
-    let mut seen_storage = BTreeSet::new();
-    for r in registry.resources().iter().filter(|r| r.info().namespaced) {
-        // Two views of one storage (events) are emptied once.
-        if !seen_storage.insert(r.info().storage) {
-            continue;
-        }
-        let page = registry.list(r, Some(ns), &Default::default())?;
-        for item in &page.items {
-            left += 1;
-            let v = parse(item)?;
-            if is_terminating(&v) {
-                continue;
-            }
-            match registry.delete(r, Some(ns), &name_of(&v), &Default::default()).await {
-                Ok(_) => {}
-                Err(e) if e.code == 404 || e.code == 409 => {}
-                Err(e) => return Err(e),
+impl Namespaces {
+    /// Asks for everything in `ns` to be deleted; returns how many objects are still there (those
+    /// terminating gracefully, or made meanwhile).
+    async fn delete_content(&self, ns: &str) -> Result<usize, Error> {
+        let discovery = Discovery::new(self.client.clone()).run().await.map_err(Error::Discovery)?;
+        let mut left = 0;
+        for group in discovery.groups() {
+            for (resource, caps) in group.recommended_resources() {
+                if caps.scope != Scope::Namespaced || !caps.supports_operation(verbs::DELETE_COLLECTION) {
+                    continue;
+                }
+                let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &resource);
+                match api.delete_collection(&DeleteParams::default(), &ListParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                left += api.list(&ListParams::default().limit(1)).await?.items.len();
             }
         }
-    }
-    if left > 0 {
-        return Ok(false);
-    }
-    let namespaces = resource(registry, "", "namespaces")?;
-    let current = match registry.get_value(&namespaces, None, ns) {
-        Ok(v) => v,
-        Err(e) if e.code == 404 => return Ok(true),
-        Err(e) => return Err(e),
-    };
-    let finalizers: Vec<Value> = current["spec"]["finalizers"]
-        .as_array()
-        .map(|f| {
-            f.iter().filter(|x| x.as_str() != Some(crate::registry::kinds::NAMESPACE_FINALIZER)).cloned().collect()
-        })
-        .unwrap_or_default();
-    let mut body = current.clone();
-    body["spec"]["finalizers"] = json!(finalizers);
-    match registry.update(&namespaces, None, ns, body, Some("finalize"), &WriteOptions::default()).await {
-        Ok(_) => {
-            tracing::info!("namespace {ns} is empty and finalized");
-            Ok(true)
-        }
-        Err(e) if e.code == 404 => Ok(true),
-        Err(e) if e.code == 409 => Ok(false),
-        Err(e) => Err(e),
+        Ok(left)
     }
 }

@@ -5,6 +5,7 @@
 //! status subresources, graceful deletion with finalizers, selectors, pagination and watch
 //! filtering. What differs per kind is in `kinds/`.
 
+pub mod bootstrap;
 pub mod error;
 pub mod kinds;
 pub mod patch;

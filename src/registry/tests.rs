@@ -6,7 +6,7 @@ async fn registry() -> (tempfile::TempDir, Registry) {
     let store = Store::open(dir.path(), store::Options { cache_bytes: 1 << 20, history: 1000, ..Default::default() })
         .expect("store");
     let reg = Registry::new(store);
-    crate::controllers::bootstrap(&reg).await.expect("bootstrap");
+    crate::registry::bootstrap::system_namespaces(&reg).await.expect("bootstrap");
     (dir, reg)
 }
 

@@ -118,7 +118,11 @@ pub fn find_binaries(bin: Option<&Path>) -> Result<PathBuf> {
                       unix:///run/containerd/containerd.sock";
     let containerd = match bin {
         Some(path) if path.is_file() => path.to_path_buf(),
-        Some(path) => bail!("--containerd-bin {}: no such file; give containerd's path, {OR}", path.display()),
+        Some(path) => bail!(
+            "--containerd-bin {}: no such file; install containerd and runc (Debian/Ubuntu: apt-get install \
+             containerd runc) and give containerd's path, {OR}",
+            path.display()
+        ),
         None => which("containerd").with_context(|| {
             format!(
                 "containerd was not found in PATH: install it (Debian/Ubuntu: apt-get install containerd), point \
@@ -432,6 +436,7 @@ mod tests {
     fn a_missing_binary_says_what_to_install() {
         let err = find_binaries(Some(Path::new("/nonexistent/containerd"))).unwrap_err().to_string();
         assert!(err.contains("/nonexistent/containerd: no such file"), "{err}");
+        assert!(err.contains("apt-get install containerd runc"), "{err}");
         assert!(err.contains("--container-runtime-endpoint"), "{err}");
     }
 }

@@ -42,7 +42,7 @@ impl Plugin for Saboteur {
 async fn setup() -> (tempfile::TempDir, Registry, CancellationToken) {
     let dir = tempfile::tempdir().unwrap();
     let registry = Registry::new(Store::open(dir.path(), Options::default()).unwrap());
-    crate::controllers::bootstrap(&registry).await.unwrap();
+    crate::registry::bootstrap::system_namespaces(&registry).await.unwrap();
     let handle = Handle { registry: registry.clone() };
     let mut profiles = Config::default().build(&handle).unwrap();
     let saboteur: Arc<dyn Plugin> = Arc::new(Saboteur);

@@ -1,0 +1,42 @@
+//! The one way components outside `api/`, `registry/` and `store/` reach the cluster: a
+//! [`kube::Client`], so they speak typed k8s-openapi objects and can use kube-runtime's watcher,
+//! reflector and `Controller`.
+//!
+//! Inside `cairn server` the client's transport is the API router itself, called in process as a
+//! tower service: no socket, no TLS, no serialization beyond the JSON bodies every client sends. Its
+//! requests carry an [`InProcess`] identity that the router's authentication trusts (only code in this
+//! process can attach a request extension). A node on another machine builds the same `kube::Client`
+//! over HTTPS instead.
+
+use std::sync::Arc;
+
+use http::Request;
+
+use crate::api::{self, AppState, InProcess, User};
+
+/// The identity of the in-process control loops (kube-controller-manager's user name upstream).
+pub fn controller_manager() -> User {
+    User { name: "system:kube-controller-manager".into(), groups: vec!["system:masters".into()] }
+}
+
+/// A client whose requests are served by this process's API router as `user`.
+pub fn in_process(state: Arc<AppState>, user: User) -> kube::Client {
+    let service = tower::ServiceBuilder::new()
+        .map_request(move |mut req: Request<kube::client::Body>| {
+            req.extensions_mut().insert(InProcess(user.clone()));
+            req
+        })
+        .service(api::router(state));
+    kube::Client::new(service, "default")
+}
+
+/// A store in a temporary folder with its registry, and an in-process client on it.
+#[cfg(test)]
+pub async fn for_tests() -> (tempfile::TempDir, crate::registry::Registry, kube::Client) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = crate::store::Store::open(dir.path(), Default::default()).expect("store");
+    let registry = crate::registry::Registry::new(store);
+    crate::registry::bootstrap::system_namespaces(&registry).await.expect("system namespaces");
+    let state = Arc::new(AppState::new(registry.clone(), Default::default(), "127.0.0.1:6443".into()));
+    (dir, registry, in_process(state, controller_manager()))
+}
