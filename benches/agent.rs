@@ -13,8 +13,11 @@
 //!    0 and with 50 pods, extrapolated to an hour; containerd's for comparison.
 //!
 //! Nothing is asserted; figures go to stdout and `target/bench-agent.json`.
-//! Environment: `CAIRN_BENCH_SINGLE` [20] single-pod samples, `CAIRN_BENCH_IDLE_SECS` [120].
+//! Environment: `CAIRN_BENCH_SINGLE` [20] single-pod samples, `CAIRN_BENCH_IDLE_SECS` [120];
+//! `CAIRN_BENCH_BIN`, another cairn binary to measure.
 
+#[path = "common/binary.rs"]
+mod binary;
 #[path = "../tests/common/busybox.rs"]
 mod busybox;
 #[path = "common/cri_floor.rs"]
@@ -54,7 +57,7 @@ impl Cairn {
         std::fs::create_dir_all(data.join("agent/images"))?;
         std::fs::write(data.join("agent/images/busybox.tar"), busybox_image())?;
         let kubeconfig = dir.path().join("kubeconfig.yaml");
-        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        let child = Command::new(binary::cairn_bin())
             .args(["server", "--bind-address", "127.0.0.1", "--https-listen-port", "0", "--log", "warn"])
             .args(["--cluster-cidr", "10.48.0.0/16"])
             .arg("--data-dir")
@@ -79,7 +82,7 @@ impl Cairn {
     }
 
     fn cairn(&self, args: &[&str]) -> Result<std::process::Output> {
-        Ok(Command::new(env!("CARGO_BIN_EXE_cairn")).args(args).arg("--data-dir").arg(&self.data).output()?)
+        Ok(Command::new(binary::cairn_bin()).args(args).arg("--data-dir").arg(&self.data).output()?)
     }
 
     async fn client(&self) -> Result<kube::Client> {

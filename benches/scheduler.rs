@@ -13,7 +13,11 @@
 //!
 //! Environment: `CAIRN_BENCH_SCENARIOS`
 //! [`100x5000,1000x10000,5000x10000,1000x10000gpu,1000x10000held,5000x10000held`];
-//! `CAIRN_BENCH_CLIENTS` [64]; `CAIRN_BENCH_TIMEOUT_SECS` [180] per scenario.
+//! `CAIRN_BENCH_CLIENTS` [64]; `CAIRN_BENCH_TIMEOUT_SECS` [180] per scenario; `CAIRN_BENCH_BIN`, another
+//! cairn binary to measure.
+
+#[path = "common/binary.rs"]
+mod binary;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -81,7 +85,7 @@ impl Cairn {
     async fn start() -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig.yaml");
-        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        let child = Command::new(binary::cairn_bin())
             .args([
                 "server",
                 "--disable-agent",

@@ -5,12 +5,15 @@
 use std::num::NonZeroUsize;
 
 use chrono::Utc;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::core::Request;
 use lru::LruCache;
 use serde_json::json;
 use tokio::sync::mpsc;
-
-use crate::registry::patch::PatchType;
-use crate::registry::{Registry, WriteOptions, timestamp};
 
 /// Events waiting to be written; more are dropped, as client-go's broadcaster drops them.
 const QUEUE: usize = 1000;
@@ -65,11 +68,11 @@ pub struct Recorder {
 
 impl Recorder {
     /// Starts the writer for `component` (e.g. `default-scheduler`), reporting from `host`.
-    pub fn spawn(registry: Registry, component: String, host: String) -> Self {
+    pub fn spawn(client: Client, component: String, host: String) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(
             Writer {
-                registry,
+                client,
                 component,
                 host,
                 seen: LruCache::new(NonZeroUsize::new(REMEMBERED).unwrap_or(NonZeroUsize::MIN)),
@@ -89,7 +92,7 @@ impl Recorder {
 }
 
 struct Writer {
-    registry: Registry,
+    client: Client,
     component: String,
     host: String,
     seen: LruCache<Key, Recorded>,
@@ -133,49 +136,57 @@ impl Writer {
         }
     }
 
+    /// Sends a write and checks its outcome. The answer is not decoded into an Event: nothing here
+    /// needs it, and decoding it was a measurable part of what each bound pod costs the scheduler.
+    async fn send(&self, request: Result<http::Request<Vec<u8>>, kube::core::request::Error>) -> kube::Result<()> {
+        let request = request.map_err(kube::Error::BuildRequest)?;
+        self.client.request_text(request).await.map(drop)
+    }
+
     /// Creates the event, or bumps the existing one. `None` when nothing could be written.
     async fn write(&self, key: &Key, action: &str, n: u64, prior: Option<(String, u64)>) -> Option<Recorded> {
-        let events = self.registry.find("", "v1", "events")?;
-        let now = timestamp(Utc::now());
         let ns = key.object.namespace.as_str();
+        let events = Request::new(format!("/api/v1/namespaces/{ns}/events"));
+        let now = Timestamp::now();
         if let Some((name, count)) = prior {
-            let patch = json!({"count": count + n, "lastTimestamp": now});
-            let body = serde_json::to_vec(&patch).ok()?;
-            match self
-                .registry
-                .patch(&events, Some(ns), &name, &body, PatchType::Merge, None, &WriteOptions::default())
-                .await
-            {
-                Ok(_) => return Some(Recorded { name, count: count + n }),
+            let patch = json!({"count": count + n, "lastTimestamp": Time(now)});
+            match self.send(events.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+                Ok(()) => return Some(Recorded { name, count: count + n }),
                 // Expired or deleted meanwhile: start a new one.
-                Err(e) if e.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => {
                     tracing::debug!("updating event {ns}/{name}: {e}");
                     return None;
                 }
             }
         }
-        let t = Utc::now();
-        let name = format!("{}.{:x}", key.object.name, t.timestamp_nanos_opt().unwrap_or_default());
         let o = &key.object;
-        let event = json!({
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": ns},
-            "involvedObject": {"kind": o.kind, "apiVersion": o.api_version, "namespace": o.namespace, "name": o.name, "uid": o.uid},
-            "reason": key.reason,
-            "message": key.message,
-            "type": key.kind.as_str(),
-            "source": {"component": self.component, "host": self.host},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": n,
-            "action": action,
-            "reportingComponent": self.component,
-            "reportingInstance": format!("{}-{}", self.component, self.host),
-        });
-        match self.registry.create(&events, Some(ns), event, &WriteOptions::default()).await {
-            Ok(_) => Some(Recorded { name, count: n }),
+        let name = format!("{}.{:x}", o.name, Utc::now().timestamp_nanos_opt().unwrap_or_default());
+        let event = Event {
+            metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(ns.into()), ..Default::default() },
+            involved_object: ObjectReference {
+                kind: Some(o.kind.into()),
+                api_version: Some(o.api_version.into()),
+                namespace: Some(o.namespace.clone()),
+                name: Some(o.name.clone()),
+                uid: Some(o.uid.clone()),
+                ..Default::default()
+            },
+            reason: Some(key.reason.clone()),
+            message: Some(key.message.clone()),
+            type_: Some(key.kind.as_str().into()),
+            source: Some(EventSource { component: Some(self.component.clone()), host: Some(self.host.clone()) }),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(i32::try_from(n).unwrap_or(i32::MAX)),
+            action: Some(action.into()),
+            reporting_component: Some(self.component.clone()),
+            reporting_instance: Some(format!("{}-{}", self.component, self.host)),
+            ..Default::default()
+        };
+        let body = serde_json::to_vec(&event).ok()?;
+        match self.send(events.create(&PostParams::default(), body)).await {
+            Ok(()) => Some(Recorded { name, count: n }),
             Err(e) => {
                 // A namespace being deleted refuses new events; nothing to do about it.
                 tracing::debug!("recording event {:?} for {}/{}: {e}", key.reason, o.namespace, o.name);
@@ -191,14 +202,11 @@ mod tests {
 
     use super::*;
     use crate::registry::ListOptions;
-    use crate::store::{Options, Store};
 
     #[tokio::test]
     async fn repeats_aggregate_into_one_event() {
-        let dir = tempfile::tempdir().unwrap();
-        let registry = Registry::new(Store::open(dir.path(), Options::default()).unwrap());
-        crate::registry::bootstrap::system_namespaces(&registry).await.unwrap();
-        let rec = Recorder::spawn(registry.clone(), "default-scheduler".into(), "node1".into());
+        let (_dir, registry, client) = crate::client::for_tests().await;
+        let rec = Recorder::spawn(client, "default-scheduler".into(), "node1".into());
         let pod = ObjectRef {
             kind: "Pod",
             api_version: "v1",

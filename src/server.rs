@@ -157,9 +157,6 @@ async fn start_control_plane(
 
     let registry = Registry::new(store);
     registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
-    if let Some(config) = &cfg.scheduler {
-        scheduler::Scheduler::start(registry.clone(), config, &cfg.node_name, shutdown.clone())?;
-    }
 
     let addr = SocketAddr::new(cfg.bind_address, cfg.https_listen_port);
     let listener = api::bind(addr).await?;
@@ -170,6 +167,10 @@ async fn start_control_plane(
         local
     };
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
+    if let Some(config) = &cfg.scheduler {
+        let client = client::in_process(state.clone(), client::scheduler());
+        scheduler::Scheduler::start(registry.clone(), client, config, &cfg.node_name, shutdown.clone())?;
+    }
     let app = api::router(state.clone());
     let done = tokio::spawn(api::serve(listener, tls, app, shutdown.clone()));
     if let (Some(ready), Some(rc)) = (runtime_ready, &cfg.runtime) {
@@ -188,7 +189,8 @@ async fn start_control_plane(
             healthz_port: cfg.healthz_port,
         };
         let _ = state.pod_logs.set(cfg.data_dir.join("agent").join("logs").join("pods"));
-        agent::start(registry.clone(), cri, agent, shutdown.clone());
+        let client = client::in_process(state.clone(), client::node(&cfg.node_name));
+        agent::start(registry.clone(), client, cri, agent, shutdown.clone());
     }
 
     let url = format!("https://127.0.0.1:{}", local.port());

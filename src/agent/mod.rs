@@ -71,7 +71,7 @@ fn unix_now() -> u64 {
 }
 
 /// Starts the node's heartbeat (status and lease) and the pod workers; they run until `shutdown`.
-pub fn start(registry: Registry, cri: Cri, cfg: Config, shutdown: CancellationToken) {
+pub fn start(registry: Registry, client: kube::Client, cri: Cri, cfg: Config, shutdown: CancellationToken) {
     let machine = Machine::read(&cfg.data_dir);
     tracing::info!(
         "node agent: registering node {} ({} CPUs, {} MiB memory, pod CIDR {})",
@@ -125,7 +125,7 @@ pub fn start(registry: Registry, cri: Cri, cfg: Config, shutdown: CancellationTo
                 // Container IDs are reported as `<runtime>://<id>`.
                 let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
                 settings.runtime_name = runtime.split("://").next().filter(|n| !n.is_empty()).unwrap_or("containerd").to_string();
-                pods::start(registry, cri, settings, runtime_health, stop)
+                pods::start(registry, client, cri, settings, runtime_health, stop)
             }
             _ = stop.cancelled() => {}
         }

@@ -378,6 +378,7 @@ pub struct Pods {
 /// Starts the pod workers, PLEG, probe routing and housekeeping; they run until `shutdown`.
 pub fn start(
     registry: Registry,
+    client: kube::Client,
     cri: Cri,
     settings: Settings,
     health: Arc<RuntimeHealth>,
@@ -394,7 +395,7 @@ pub fn start(
         configmaps: registry.find("", "v1", "configmaps"),
         secrets: registry.find("", "v1", "secrets"),
         nodes: registry.find("", "v1", "nodes"),
-        recorder: Recorder::spawn(registry.clone(), "kubelet".into(), settings.node_name.clone()),
+        recorder: Recorder::spawn(client, "kubelet".into(), settings.node_name.clone()),
         registry,
         cri,
         pods,

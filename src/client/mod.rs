@@ -19,6 +19,16 @@ pub fn controller_manager() -> User {
     User { name: "system:kube-controller-manager".into(), groups: vec!["system:masters".into()] }
 }
 
+/// The scheduler's identity (kube-scheduler's upstream).
+pub fn scheduler() -> User {
+    User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into()] }
+}
+
+/// The node agent's identity (a kubelet's upstream: `system:node:<name>` in `system:nodes`).
+pub fn node(name: &str) -> User {
+    User { name: format!("system:node:{name}"), groups: vec!["system:nodes".into(), "system:masters".into()] }
+}
+
 /// A client whose requests are served by this process's API router as `user`.
 pub fn in_process(state: Arc<AppState>, user: User) -> kube::Client {
     let service = tower::ServiceBuilder::new()
@@ -37,6 +47,13 @@ pub async fn for_tests() -> (tempfile::TempDir, crate::registry::Registry, kube:
     let store = crate::store::Store::open(dir.path(), Default::default()).expect("store");
     let registry = crate::registry::Registry::new(store);
     crate::registry::bootstrap::system_namespaces(&registry).await.expect("system namespaces");
+    let client = on_registry(&registry);
+    (dir, registry, client)
+}
+
+/// An in-process client on a registry of a test's own.
+#[cfg(test)]
+pub fn on_registry(registry: &crate::registry::Registry) -> kube::Client {
     let state = Arc::new(AppState::new(registry.clone(), Default::default(), "127.0.0.1:6443".into()));
-    (dir, registry, in_process(state, controller_manager()))
+    in_process(state, controller_manager())
 }

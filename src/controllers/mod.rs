@@ -2,7 +2,8 @@
 //! default service accounts, garbage collection by owner, and event expiry.
 //!
 //! Each is a [`runtime::Reconciler`] over typed objects, run by [`runtime::run`] on the in-process
-//! client (`crate::client`); none reaches into another. A new controller is a file here with a
+//! client (`crate::client`); none reaches into another. Event expiry is a periodic sweep instead (see
+//! `event_ttl.rs`). A new controller is a file here with a
 //! reconciler and the `Controller` that triggers it (copy `serviceaccount.rs`), started in
 //! [`spawn_all`]. The garbage collector still follows the store through the registry.
 
@@ -32,11 +33,7 @@ pub fn spawn_all(client: &Client, registry: &Registry, shutdown: &CancellationTo
         serviceaccount::ServiceAccounts { client: c.clone() },
         shutdown.clone(),
     ));
-    tokio::spawn(runtime::run(
-        event_ttl::controller(client),
-        event_ttl::EventTtl { client: c, ttl: event_ttl::EVENT_TTL },
-        shutdown.clone(),
-    ));
+    tokio::spawn(event_ttl::run(c, event_ttl::EVENT_TTL, shutdown.clone()));
     let r = registry.clone();
     tokio::spawn(supervise("garbage-collector", shutdown.clone(), move || gc::run(r.clone())));
 }

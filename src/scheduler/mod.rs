@@ -93,6 +93,7 @@ impl Scheduler {
     /// `shutdown`.
     pub fn start(
         registry: Registry,
+        client: kube::Client,
         config: &Config,
         node_name: &str,
         shutdown: CancellationToken,
@@ -104,12 +105,13 @@ impl Scheduler {
             max_backoff: config.max_backoff,
             ..QueueOptions::default()
         };
-        Self::launch(registry, profiles, opts, node_name, shutdown);
+        Self::launch(registry, client, profiles, opts, node_name, shutdown);
         Ok(())
     }
 
     fn launch(
         registry: Registry,
+        client: kube::Client,
         profiles: Vec<Profile>,
         opts: QueueOptions,
         node_name: &str,
@@ -117,7 +119,7 @@ impl Scheduler {
     ) -> Arc<Self> {
         let recorders = profiles
             .iter()
-            .map(|p| (p.name.clone(), Recorder::spawn(registry.clone(), p.name.clone(), node_name.to_string())))
+            .map(|p| (p.name.clone(), Recorder::spawn(client.clone(), p.name.clone(), node_name.to_string())))
             .collect();
         let profiles: Arc<HashMap<String, Arc<Profile>>> =
             Arc::new(profiles.into_iter().map(|p| (p.name.clone(), Arc::new(p))).collect());

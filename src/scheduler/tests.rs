@@ -56,7 +56,14 @@ async fn setup() -> (tempfile::TempDir, Registry, CancellationToken) {
         max_backoff: Duration::from_millis(200),
         ..Default::default()
     };
-    Scheduler::launch(registry.clone(), profiles, opts, "test", shutdown.clone());
+    Scheduler::launch(
+        registry.clone(),
+        crate::client::on_registry(&registry),
+        profiles,
+        opts,
+        "test",
+        shutdown.clone(),
+    );
     (dir, registry, shutdown)
 }
 
