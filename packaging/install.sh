@@ -115,17 +115,14 @@ fi
 bin="$here/target/release/cairn"
 
 # --- start -------------------------------------------------------------------------------------
-if [ "$(id -u)" -eq 0 ]; then
-    kubeconfig=/etc/cairn/cairn.yaml
-else
-    kubeconfig="$HOME/.cairn/kubeconfig.yaml"
-fi
+# The server runs as root (directly, through sudo or as the service) unless neither is possible.
+kubeconfig=/etc/cairn/cairn.yaml
+[ "$as_root" = none ] && kubeconfig="$HOME/.cairn/kubeconfig.yaml"
 systemd=false
 [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 && [ "$as_root" != none ] && systemd=true
 $foreground && systemd=false
 
 if $systemd; then
-    kubeconfig=/etc/cairn/cairn.yaml
     if $check; then
         say "start: would install $bin as /usr/local/bin/cairn and start the systemd service cairn"
         exit 0
@@ -152,7 +149,6 @@ fi
 run="$bin server"
 if [ "$as_root" = sudo ]; then
     run="sudo $bin server"
-    kubeconfig=/etc/cairn/cairn.yaml
 elif [ "$as_root" = none ]; then
     say "not root and no sudo: starting only the API server and scheduler (--disable-agent); pods need root"
     run="$bin server --disable-agent"

@@ -8,9 +8,9 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::Request;
+use kube::{Client, Resource as _};
 use lru::LruCache;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -146,7 +146,7 @@ impl Writer {
     /// Creates the event, or bumps the existing one. `None` when nothing could be written.
     async fn write(&self, key: &Key, action: &str, n: u64, prior: Option<(String, u64)>) -> Option<Recorded> {
         let ns = key.object.namespace.as_str();
-        let events = Request::new(format!("/api/v1/namespaces/{ns}/events"));
+        let events = Request::new(Event::url_path(&(), Some(ns)));
         let now = Timestamp::now();
         if let Some((name, count)) = prior {
             let patch = json!({"count": count + n, "lastTimestamp": Time(now)});

@@ -167,12 +167,12 @@ async fn start_control_plane(
         local
     };
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
+    let app = api::router(state.clone());
     if let Some(config) = &cfg.scheduler {
-        let client = client::in_process(state.clone(), client::scheduler());
+        let client = client::in_process(app.clone(), client::scheduler());
         scheduler::Scheduler::start(registry.clone(), client, config, &cfg.node_name, shutdown.clone())?;
     }
-    let app = api::router(state.clone());
-    let done = tokio::spawn(api::serve(listener, tls, app, shutdown.clone()));
+    let done = tokio::spawn(api::serve(listener, tls, app.clone(), shutdown.clone()));
     if let (Some(ready), Some(rc)) = (runtime_ready, &cfg.runtime) {
         let cri = match ready.await {
             Ok(Ok(cri)) => cri,
@@ -189,7 +189,7 @@ async fn start_control_plane(
             healthz_port: cfg.healthz_port,
         };
         let _ = state.pod_logs.set(cfg.data_dir.join("agent").join("logs").join("pods"));
-        let client = client::in_process(state.clone(), client::node(&cfg.node_name));
+        let client = client::in_process(app.clone(), client::node(&cfg.node_name));
         agent::start(registry.clone(), client, cri, agent, shutdown.clone());
     }
 
@@ -197,7 +197,7 @@ async fn start_control_plane(
     pki::write_kubeconfig(&cfg.write_kubeconfig, cfg.write_kubeconfig_mode, &url, &pki)
         .with_context(|| format!("writing the kubeconfig {}", cfg.write_kubeconfig.display()))?;
 
-    let controller_client = client::in_process(state.clone(), client::controller_manager());
+    let controller_client = client::in_process(app, client::controller_manager());
     controllers::spawn_all(&controller_client, &registry, &shutdown);
     let kubeconfig = cfg.write_kubeconfig.clone();
     let renew_url = url.clone();

@@ -8,11 +8,9 @@
 //! process can attach a request extension). A node on another machine builds the same `kube::Client`
 //! over HTTPS instead.
 
-use std::sync::Arc;
-
 use http::Request;
 
-use crate::api::{self, AppState, InProcess, User};
+use crate::api::{InProcess, User};
 
 /// The identity of the in-process control loops (kube-controller-manager's user name upstream).
 pub fn controller_manager() -> User {
@@ -29,14 +27,15 @@ pub fn node(name: &str) -> User {
     User { name: format!("system:node:{name}"), groups: vec!["system:nodes".into(), "system:masters".into()] }
 }
 
-/// A client whose requests are served by this process's API router as `user`.
-pub fn in_process(state: Arc<AppState>, user: User) -> kube::Client {
+/// A client whose requests are served by this process's API router (`api::router`, the one the
+/// listener serves, shared) as `user`.
+pub fn in_process(router: axum::Router, user: User) -> kube::Client {
     let service = tower::ServiceBuilder::new()
         .map_request(move |mut req: Request<kube::client::Body>| {
             req.extensions_mut().insert(InProcess(user.clone()));
             req
         })
-        .service(api::router(state));
+        .service(router);
     kube::Client::new(service, "default")
 }
 
@@ -54,6 +53,6 @@ pub async fn for_tests() -> (tempfile::TempDir, crate::registry::Registry, kube:
 /// An in-process client on a registry of a test's own.
 #[cfg(test)]
 pub fn on_registry(registry: &crate::registry::Registry) -> kube::Client {
-    let state = Arc::new(AppState::new(registry.clone(), Default::default(), "127.0.0.1:6443".into()));
-    in_process(state, controller_manager())
+    let state = crate::api::AppState::new(registry.clone(), Default::default(), "127.0.0.1:6443".into());
+    in_process(crate::api::router(std::sync::Arc::new(state)), controller_manager())
 }

@@ -3,9 +3,8 @@
 //!
 //! Each is a [`runtime::Reconciler`] over typed objects, run by [`runtime::run`] on the in-process
 //! client (`crate::client`); none reaches into another. Event expiry is a periodic sweep instead (see
-//! `event_ttl.rs`). A new controller is a file here with a
-//! reconciler and the `Controller` that triggers it (copy `serviceaccount.rs`), started in
-//! [`spawn_all`]. The garbage collector still follows the store through the registry.
+//! `event_ttl.rs`). A new controller is a file here with a reconciler and the `Controller` that
+//! triggers it (copy `serviceaccount.rs`), started in [`spawn_all`]. The garbage collector still follows the store through the registry.
 
 mod event_ttl;
 mod gc;
@@ -22,18 +21,17 @@ use crate::registry::{Registry, StatusError};
 
 /// Starts every controller; they stop when `shutdown` fires.
 pub fn spawn_all(client: &Client, registry: &Registry, shutdown: &CancellationToken) {
-    let c = client.clone();
     tokio::spawn(runtime::run(
         namespace::controller(client),
-        namespace::Namespaces { client: c.clone() },
+        namespace::Namespaces { client: client.clone() },
         shutdown.clone(),
     ));
     tokio::spawn(runtime::run(
         serviceaccount::controller(client),
-        serviceaccount::ServiceAccounts { client: c.clone() },
+        serviceaccount::ServiceAccounts { client: client.clone() },
         shutdown.clone(),
     ));
-    tokio::spawn(event_ttl::run(c, event_ttl::EVENT_TTL, shutdown.clone()));
+    tokio::spawn(event_ttl::run(client.clone(), event_ttl::EVENT_TTL, shutdown.clone()));
     let r = registry.clone();
     tokio::spawn(supervise("garbage-collector", shutdown.clone(), move || gc::run(r.clone())));
 }
