@@ -170,7 +170,7 @@ async fn start_control_plane(
     let app = api::router(state.clone());
     if let Some(config) = &cfg.scheduler {
         let client = client::in_process(app.clone(), client::scheduler());
-        scheduler::Scheduler::start(registry.clone(), client, config, &cfg.node_name, shutdown.clone())?;
+        scheduler::Scheduler::start(client, config, &cfg.node_name, shutdown.clone())?;
     }
     let done = tokio::spawn(api::serve(listener, tls, app.clone(), shutdown.clone()));
     if let (Some(ready), Some(rc)) = (runtime_ready, &cfg.runtime) {
@@ -198,7 +198,7 @@ async fn start_control_plane(
         .with_context(|| format!("writing the kubeconfig {}", cfg.write_kubeconfig.display()))?;
 
     let controller_client = client::in_process(app, client::controller_manager());
-    controllers::spawn_all(&controller_client, &registry, &shutdown);
+    controllers::spawn_all(&controller_client, &shutdown);
     let kubeconfig = cfg.write_kubeconfig.clone();
     let renew_url = url.clone();
     let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, move |p| {

@@ -20,6 +20,8 @@ pub enum Format {
     Json,
     Yaml,
     Table(IncludeObject),
+    /// `as=PartialObjectMetadata` (a list: `PartialObjectMetadataList`): the objects' metadata only.
+    Metadata,
 }
 
 /// `includeObject` of a Table request.
@@ -54,6 +56,11 @@ pub fn negotiate(headers: &HeaderMap, include: Option<&str>) -> Result<Format, S
                         _ => IncludeObject::Metadata,
                     };
                     return Ok(Format::Table(include));
+                }
+                Some("PartialObjectMetadata" | "PartialObjectMetadataList")
+                    if param("g") == Some("meta.k8s.io") && matches!(param("v"), Some("v1" | "v1beta1")) =>
+                {
+                    return Ok(Format::Metadata);
                 }
                 Some(_) => continue,
             },
@@ -130,8 +137,29 @@ pub fn object(r: &Resource, code: StatusCode, format: Format, obj: Bytes, warnin
             Ok(t) => json_bytes(code, t),
             Err(e) => error(&e),
         },
+        Format::Metadata => match partial_metadata(&obj) {
+            Ok(m) => json_bytes(code, m),
+            Err(e) => error(&e),
+        },
     };
     with_warnings(resp, warnings)
+}
+
+/// An encoded object as a `meta.k8s.io/v1 PartialObjectMetadata`: its metadata, copied as stored.
+pub fn partial_metadata(obj: &[u8]) -> Result<Bytes, StatusError> {
+    #[derive(serde::Deserialize)]
+    struct Only<'a> {
+        #[serde(borrow)]
+        metadata: Option<&'a serde_json::value::RawValue>,
+    }
+    let only: Only = serde_json::from_slice(obj).map_err(StatusError::internal)?;
+    let meta = only.metadata.map_or("{}", |m| m.get());
+    let head = br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#;
+    let mut out = Vec::with_capacity(head.len() + meta.len() + 1);
+    out.extend_from_slice(head);
+    out.extend_from_slice(meta.as_bytes());
+    out.push(b'}');
+    Ok(Bytes::from(out))
 }
 
 pub fn yaml(code: StatusCode, v: &Value) -> Response {
@@ -286,6 +314,18 @@ mod tests {
         );
         assert_eq!(negotiate(&h, None).unwrap(), Format::Table(IncludeObject::Metadata));
         assert_eq!(negotiate(&h, Some("Object")).unwrap(), Format::Table(IncludeObject::Object));
+    }
+
+    #[test]
+    fn metadata_only_clients_get_partial_object_metadata() {
+        let h = accept("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1");
+        assert_eq!(negotiate(&h, None).unwrap(), Format::Metadata);
+        let obj = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","uid":"u"},"data":{"k":"v"}}"#;
+        let m: Value = serde_json::from_slice(&partial_metadata(obj).unwrap()).unwrap();
+        assert_eq!(
+            m,
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "a", "uid": "u"}})
+        );
     }
 
     #[test]

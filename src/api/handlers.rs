@@ -420,10 +420,15 @@ fn list_response(r: &Resource, format: Format, items: Vec<Bytes>, meta: Map<Stri
     let info = r.info();
     match format {
         Format::Table(include) => Ok(codec::json_bytes(StatusCode::OK, codec::table(r, &items, include, meta)?)),
-        Format::Json | Format::Yaml => {
+        Format::Json | Format::Yaml | Format::Metadata => {
+            let (kind, api_version, items) = if format == Format::Metadata {
+                let items = items.iter().map(|i| codec::partial_metadata(i)).collect::<Result<Vec<_>>>()?;
+                ("PartialObjectMetadataList".to_string(), "meta.k8s.io/v1".to_string(), items)
+            } else {
+                (info.list_kind(), info.api_version(), items)
+            };
             // Items are already encoded; splice them instead of re-encoding the whole list.
-            let head =
-                json!({"kind": info.list_kind(), "apiVersion": info.api_version(), "metadata": meta}).to_string();
+            let head = json!({"kind": kind, "apiVersion": api_version, "metadata": meta}).to_string();
             let mut out = BytesMut::with_capacity(head.len() + items.iter().map(|i| i.len() + 1).sum::<usize>() + 16);
             out.put_slice(&head.as_bytes()[..head.len() - 1]);
             out.put_slice(b",\"items\":[");
@@ -544,7 +549,11 @@ fn encode_event(st: &WatchStream, item: WatchItem) -> Bytes {
             if initial_end {
                 meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
             }
-            let v = json!({"kind": info.kind, "apiVersion": info.api_version(), "metadata": meta});
+            let v = if st.format == Format::Metadata {
+                json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta})
+            } else {
+                json!({"kind": info.kind, "apiVersion": info.api_version(), "metadata": meta})
+            };
             return event_line(kind, &serde_json::to_vec(&v).unwrap_or_default());
         }
     };
@@ -561,6 +570,10 @@ fn encode_event(st: &WatchStream, item: WatchItem) -> Bytes {
                 Err(e) => event_line("ERROR", &serde_json::to_vec(&codec::status_body(&e)).unwrap_or_default()),
             }
         }
-        _ => event_line(kind, &object),
+        Format::Metadata => match codec::partial_metadata(&object) {
+            Ok(m) => event_line(kind, &m),
+            Err(e) => event_line("ERROR", &serde_json::to_vec(&codec::status_body(&e)).unwrap_or_default()),
+        },
+        Format::Json | Format::Yaml => event_line(kind, &object),
     }
 }

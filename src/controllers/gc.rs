@@ -1,92 +1,73 @@
 //! Garbage collection by `ownerReferences`, the `orphan` and `foregroundDeletion` finalizers, and
-//! removal of pods bound to a node that was deleted (upstream's PodGC).
+//! removal of pods bound to a node that was deleted (upstream's garbage collector and PodGC).
 //!
-//! The collector follows every change in the store and keeps a small index: object uid → key, and
-//! owner uid → dependent keys. Only objects with owners (or that are owners) cost memory.
+//! Like upstream's, the collector is a graph over every kind rather than a per-kind reconciler: it
+//! watches the metadata of every resource discovery lists (events excepted, as upstream's
+//! `DefaultIgnoredResources`) and keeps a small index: object uid → key, and owner uid → dependent
+//! keys. Only objects with owners (or that are owners) cost more than their uid. The watches of
+//! different kinds are not ordered with each other, so an owner is taken for gone only once a live
+//! read says so (upstream's `isDangling`).
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::json;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, PartialObjectMeta, Patch,
+    PatchParams,
+};
+use kube::discovery::{Discovery, verbs};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event, watcher};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
-use crate::registry::patch::PatchType;
-use crate::registry::{DeleteOptions, Registry, Resource, StatusError, WriteOptions};
-use crate::store::{EventType, Object};
+/// Resources the collector does not follow (upstream's `DefaultIgnoredResources`).
+const IGNORED: &[(&str, &str)] = &[("", "events"), ("events.k8s.io", "events")];
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct Meta {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
+/// An object: its resource (an index into the collector's list), namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Key {
+    resource: usize,
     namespace: Option<String>,
-    #[serde(default)]
-    uid: String,
-    #[serde(default)]
-    owner_references: Vec<OwnerRef>,
-    #[serde(default)]
-    finalizers: Vec<String>,
-    #[serde(default)]
-    deletion_timestamp: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct OwnerRef {
-    uid: String,
-}
-
-#[derive(Deserialize)]
-struct Partial {
-    #[serde(default)]
-    metadata: Meta,
-    #[serde(default)]
-    spec: Option<PodSpecPart>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PodSpecPart {
-    #[serde(default)]
-    node_name: Option<String>,
-}
-
-fn meta(obj: &Object) -> Option<Partial> {
-    serde_json::from_slice(&obj.data).ok()
+    name: String,
 }
 
 #[derive(Default)]
 struct Index {
-    /// uid → store key of every live object.
-    uids: HashMap<String, String>,
+    /// uid → key of every live object.
+    uids: HashMap<String, Key>,
     /// owner uid → keys of its dependents.
-    dependents: HashMap<String, BTreeSet<String>>,
-    /// key → owner uids, for objects that have owners.
-    owners: HashMap<String, Vec<String>>,
+    dependents: HashMap<String, BTreeSet<Key>>,
+    /// key → owner references, for objects that have owners.
+    owners: HashMap<Key, Vec<OwnerReference>>,
     /// key → uid, to unindex by key.
-    keys: HashMap<String, String>,
+    keys: HashMap<Key, String>,
 }
 
 impl Index {
-    fn upsert(&mut self, key: &str, m: &Meta) {
+    fn upsert(&mut self, key: &Key, uid: &str, owners: &[OwnerReference]) {
         self.remove(key);
-        self.uids.insert(m.uid.clone(), key.to_string());
-        self.keys.insert(key.to_string(), m.uid.clone());
-        if !m.owner_references.is_empty() {
-            let owners: Vec<String> = m.owner_references.iter().map(|o| o.uid.clone()).collect();
-            for o in &owners {
-                self.dependents.entry(o.clone()).or_default().insert(key.to_string());
+        self.uids.insert(uid.to_string(), key.clone());
+        self.keys.insert(key.clone(), uid.to_string());
+        if !owners.is_empty() {
+            for o in owners {
+                self.dependents.entry(o.uid.clone()).or_default().insert(key.clone());
             }
-            self.owners.insert(key.to_string(), owners);
+            self.owners.insert(key.clone(), owners.to_vec());
         }
     }
 
-    fn remove(&mut self, key: &str) {
+    fn remove(&mut self, key: &Key) {
         if let Some(owners) = self.owners.remove(key) {
             for o in owners {
-                if let Some(set) = self.dependents.get_mut(&o) {
+                if let Some(set) = self.dependents.get_mut(&o.uid) {
                     set.remove(key);
                     if set.is_empty() {
-                        self.dependents.remove(&o);
+                        self.dependents.remove(&o.uid);
                     }
                 }
             }
@@ -96,183 +77,304 @@ impl Index {
         }
     }
 
-    /// Whether every owner of `key` is gone.
-    fn orphaned(&self, key: &str) -> bool {
-        self.owners.get(key).is_some_and(|owners| owners.iter().all(|o| !self.uids.contains_key(o)))
+    /// Whether no owner of `key` is known to exist (a candidate for deletion).
+    fn orphaned(&self, key: &Key) -> bool {
+        self.owners.get(key).is_some_and(|owners| owners.iter().all(|o| !self.uids.contains_key(&o.uid)))
+    }
+
+    fn dependents_of(&self, uid: &str) -> Vec<Key> {
+        self.dependents.get(uid).into_iter().flatten().cloned().collect()
     }
 }
 
 struct Collector {
-    registry: Registry,
+    client: Client,
+    resources: Vec<ApiResource>,
     index: Index,
-    /// storage prefix → resource.
-    by_storage: HashMap<&'static str, Resource>,
 }
 
-pub async fn run(registry: Registry) -> Result<(), StatusError> {
-    let mut by_storage = HashMap::new();
-    for r in registry.resources() {
-        by_storage.entry(r.info().storage).or_insert_with(|| r.clone());
-    }
-    let (listing, mut sub) = registry.store().list_and_watch("");
-    let mut c = Collector { registry, index: Index::default(), by_storage };
-    for (key, obj) in &listing.items {
-        if let Some(p) = meta(obj) {
-            c.index.upsert(key, &p.metadata);
+/// Runs the collector until `shutdown`.
+pub async fn run(client: Client, shutdown: CancellationToken) {
+    let resources = loop {
+        match followed_resources(&client).await {
+            Ok(r) => break r,
+            Err(e) => tracing::warn!("garbage collector: discovery failed: {e}; retrying"),
         }
-    }
-    let orphans: Vec<String> = c.index.owners.keys().filter(|k| c.index.orphaned(k)).cloned().collect();
-    for key in orphans {
-        c.delete_key(&key, None).await?;
-    }
-    for (key, obj) in &listing.items {
-        if let Some(p) = meta(obj) {
-            c.finalize(key, &p.metadata).await?;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
-    }
+    };
+    let streams = resources.iter().enumerate().map(|(i, ar)| {
+        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar);
+        watcher(api, watcher::Config::default()).default_backoff().map(move |e| (i, e)).boxed()
+    });
+    let mut events = futures::stream::select_all(streams);
+    let mut c = Collector { client, resources, index: Index::default() };
+    // Until every kind is listed an owner may just not be indexed yet: act only afterwards.
+    let mut unlisted: BTreeSet<usize> = (0..c.resources.len()).collect();
+    let mut relisted: HashMap<usize, Vec<Key>> = HashMap::new();
+    // Terminating objects seen before that, whose finalizers are worked once everything is listed.
+    let mut terminating: Vec<(Key, ObjectMeta)> = Vec::new();
     loop {
-        let event = sub.next().await.map_err(|e| StatusError::gone(e.to_string()))?;
-        let Some(p) = meta(&event.object) else { continue };
-        match event.kind {
-            EventType::Deleted => {
-                c.index.remove(&event.key);
-                c.on_deleted(&event.key, &p).await?;
+        let (i, event) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            next = events.next() => match next { Some(e) => e, None => return },
+        };
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!("garbage collector: watch of {}: {e}", c.resources[i].plural);
+                continue;
             }
-            _ => {
-                c.index.upsert(&event.key, &p.metadata);
-                if c.index.orphaned(&event.key) {
-                    c.delete_key(&event.key, None).await?;
-                } else {
-                    c.finalize(&event.key, &p.metadata).await?;
+        };
+        match event {
+            Event::Init => {
+                relisted.insert(i, Vec::new());
+            }
+            Event::InitApply(obj) => {
+                let key = c.key(i, &obj.metadata);
+                c.index.upsert(&key, obj.metadata.uid.as_deref().unwrap_or_default(), owners(&obj.metadata));
+                relisted.entry(i).or_default().push(key.clone());
+                if unlisted.is_empty() {
+                    c.on_changed(&key, &obj.metadata).await;
+                } else if obj.metadata.deletion_timestamp.is_some() {
+                    terminating.push((key, obj.metadata));
+                }
+            }
+            Event::InitDone => {
+                let seen: BTreeSet<Key> = relisted.remove(&i).unwrap_or_default().into_iter().collect();
+                let stale: Vec<(Key, String)> = c
+                    .index
+                    .keys
+                    .iter()
+                    .filter(|(k, _)| k.resource == i && !seen.contains(*k))
+                    .map(|(k, u)| (k.clone(), u.clone()))
+                    .collect();
+                for (key, uid) in stale {
+                    c.index.remove(&key);
+                    c.on_deleted(&key, &uid, &[]).await;
+                }
+                if unlisted.remove(&i) && unlisted.is_empty() {
+                    tracing::debug!("garbage collector: every kind listed; collecting");
+                    c.sweep(std::mem::take(&mut terminating)).await;
+                }
+            }
+            Event::Apply(obj) => {
+                let key = c.key(i, &obj.metadata);
+                c.index.upsert(&key, obj.metadata.uid.as_deref().unwrap_or_default(), owners(&obj.metadata));
+                if unlisted.is_empty() {
+                    c.on_changed(&key, &obj.metadata).await;
+                } else if obj.metadata.deletion_timestamp.is_some() {
+                    terminating.push((key, obj.metadata));
+                }
+            }
+            Event::Delete(obj) => {
+                let key = c.key(i, &obj.metadata);
+                c.index.remove(&key);
+                if unlisted.is_empty() {
+                    c.on_deleted(&key, obj.metadata.uid.as_deref().unwrap_or_default(), owners(&obj.metadata)).await;
                 }
             }
         }
     }
+}
+
+/// The resources that can be listed, watched and deleted, one per kind (the preferred version).
+async fn followed_resources(client: &Client) -> Result<Vec<ApiResource>, kube::Error> {
+    let discovery = Discovery::new(client.clone()).run().await?;
+    let mut out = Vec::new();
+    for group in discovery.groups() {
+        for (ar, caps) in group.recommended_resources() {
+            let ignored = IGNORED.iter().any(|(g, r)| ar.group == *g && ar.plural == *r);
+            let ops = [verbs::LIST, verbs::WATCH, verbs::DELETE];
+            if !ignored && ops.iter().all(|v| caps.supports_operation(v)) {
+                out.push(ar);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn owners(meta: &ObjectMeta) -> &[OwnerReference] {
+    meta.owner_references.as_deref().unwrap_or_default()
 }
 
 impl Collector {
-    fn resource_of(&self, key: &str) -> Option<Resource> {
-        self.by_storage.get(key.split('/').next()?).cloned()
+    fn key(&self, resource: usize, meta: &ObjectMeta) -> Key {
+        Key { resource, namespace: meta.namespace.clone(), name: meta.name.clone().unwrap_or_default() }
     }
 
-    /// Splits a store key into namespace and name for its resource.
-    fn locate(&self, key: &str) -> Option<(Resource, Option<String>, String)> {
-        let r = self.resource_of(key)?;
-        let rest: Vec<&str> = key.splitn(3, '/').collect();
-        match (r.info().namespaced, rest.as_slice()) {
-            (true, [_, ns, name]) => Some((r, Some(ns.to_string()), name.to_string())),
-            (false, [_, name]) => Some((r, None, name.to_string())),
-            _ => None,
+    fn api(&self, key: &Key) -> Api<DynamicObject> {
+        let ar = &self.resources[key.resource];
+        match &key.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, ar),
+            None => Api::all_with(self.client.clone(), ar),
         }
     }
 
-    async fn delete_key(&self, key: &str, grace: Option<i64>) -> Result<(), StatusError> {
-        let Some((r, ns, name)) = self.locate(key) else { return Ok(()) };
-        let opts = DeleteOptions { grace_period_seconds: grace, ..Default::default() };
-        match self.registry.delete(&r, ns.as_deref(), &name, &opts).await {
-            Ok(_) => {
-                tracing::debug!("garbage collector deleted {key}");
-                Ok(())
-            }
-            Err(e) if e.code == 404 || e.code == 409 => Ok(()),
-            Err(e) => Err(e),
+    /// Once everything is listed: collect every orphan and work every terminating owner's finalizer.
+    async fn sweep(&self, terminating: Vec<(Key, ObjectMeta)>) {
+        let orphans: Vec<Key> = self.index.owners.keys().filter(|k| self.index.orphaned(k)).cloned().collect();
+        for key in orphans {
+            self.collect_orphan(&key).await;
+        }
+        for (key, meta) in terminating {
+            self.finalize(&key, &meta).await;
         }
     }
 
-    async fn on_deleted(&mut self, key: &str, p: &Partial) -> Result<(), StatusError> {
+    async fn on_changed(&self, key: &Key, meta: &ObjectMeta) {
+        if self.index.orphaned(key) {
+            self.collect_orphan(key).await;
+        } else {
+            self.finalize(key, meta).await;
+        }
+    }
+
+    async fn on_deleted(&self, key: &Key, uid: &str, owner_refs: &[OwnerReference]) {
         // Dependents whose last owner this was go too.
-        let deps: Vec<String> = self.index.dependents.get(&p.metadata.uid).into_iter().flatten().cloned().collect();
-        for d in deps {
+        for d in self.index.dependents_of(uid) {
             if self.index.orphaned(&d) {
-                self.delete_key(&d, None).await?;
+                self.collect_orphan(&d).await;
             }
         }
         // An owner waiting in foreground deletion may now be free to go.
-        for owner in &p.metadata.owner_references {
+        for owner in owner_refs {
             if let Some(owner_key) = self.index.uids.get(&owner.uid).cloned()
-                && let Some((r, ns, name)) = self.locate(&owner_key)
-                && let Ok(v) = self.registry.get_value(&r, ns.as_deref(), &name)
-                && let Ok(m) = serde_json::from_value::<Meta>(v["metadata"].clone())
+                && let Some(meta) = self.read_meta(&owner_key).await
             {
-                self.finalize(&owner_key, &m).await?;
+                self.finalize(&owner_key, &meta).await;
             }
         }
-        // Pods bound to a deleted node are removed at once.
-        if key.starts_with(&format!("{}/", crate::registry::kinds::NODES_STORAGE)) {
-            let node = &p.metadata.name;
-            let pods = self.by_storage.get("pods").cloned();
-            if let Some(pods) = pods {
-                let fields = crate::registry::selector::FieldSelector::parse(&format!("spec.nodeName={node}"))
-                    .map_err(|e| StatusError::internal(e.to_string()))?;
-                let page =
-                    self.registry.list(&pods, None, &crate::registry::ListOptions { fields, ..Default::default() })?;
-                for item in page.items {
-                    let Ok(pod) = serde_json::from_slice::<Partial>(&item) else { continue };
-                    let bound = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
-                    if bound == *node {
-                        let k = format!("pods/{}/{}", pod.metadata.namespace.unwrap_or_default(), pod.metadata.name);
-                        self.delete_key(&k, Some(0)).await?;
-                    }
+        // Pods bound to a deleted node are removed at once (PodGC).
+        let ar = &self.resources[key.resource];
+        if ar.group.is_empty() && ar.plural == "nodes" {
+            self.delete_pods_of(&key.name).await;
+        }
+    }
+
+    /// Deletes `key` if none of its owners exists: those not in the index are read live, so a
+    /// dependent seen before its owner's own watch caught up is left alone.
+    async fn collect_orphan(&self, key: &Key) {
+        let Some(refs) = self.index.owners.get(key) else { return };
+        for r in refs {
+            match self.owner_exists(key.namespace.as_deref(), r).await {
+                Ok(false) => {}
+                Ok(true) => return,
+                Err(e) => {
+                    tracing::debug!("garbage collector: looking up owner {} {}: {e}", r.kind, r.name);
+                    return;
                 }
             }
         }
-        Ok(())
+        self.delete(key, &DeleteParams::default()).await;
+    }
+
+    /// Whether the owner a reference names exists with that uid (an owner of an unserved kind
+    /// counts as existing: nothing is deleted on ignorance).
+    async fn owner_exists(&self, namespace: Option<&str>, r: &OwnerReference) -> Result<bool, kube::Error> {
+        let (group, version) = match r.api_version.split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", r.api_version.as_str()),
+        };
+        let gvk = GroupVersionKind::gvk(group, version, &r.kind);
+        let Some(ar) = self.resources.iter().find(|a| a.group == gvk.group && a.kind == gvk.kind) else {
+            return Ok(true);
+        };
+        let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, ar),
+            None => Api::all_with(self.client.clone(), ar),
+        };
+        Ok(api.get_opt(&r.name).await?.is_some_and(|o| o.metadata.uid.as_deref() == Some(r.uid.as_str())))
+    }
+
+    async fn read_meta(&self, key: &Key) -> Option<ObjectMeta> {
+        let ar = &self.resources[key.resource];
+        let api: Api<PartialObjectMeta<DynamicObject>> = match &key.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, ar),
+            None => Api::all_with(self.client.clone(), ar),
+        };
+        api.get_opt(&key.name).await.ok().flatten().map(|o| o.metadata)
+    }
+
+    async fn delete(&self, key: &Key, params: &DeleteParams) {
+        match self.api(key).delete(&key.name, params).await {
+            Ok(_) => tracing::debug!("garbage collector deleted {} {}", self.resources[key.resource].kind, key.name),
+            Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => {}
+            Err(e) => {
+                tracing::warn!("garbage collector: deleting {} {}: {e}", self.resources[key.resource].kind, key.name)
+            }
+        }
+    }
+
+    async fn delete_pods_of(&self, node: &str) {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let bound = match pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await {
+            Ok(list) => list.items,
+            Err(e) => return tracing::warn!("garbage collector: listing the pods of deleted node {node}: {e}"),
+        };
+        for pod in bound {
+            let (Some(ns), Some(name)) = (pod.metadata.namespace, pod.metadata.name) else { continue };
+            match Api::<Pod>::namespaced(self.client.clone(), &ns)
+                .delete(&name, &DeleteParams::default().grace_period(0))
+                .await
+            {
+                Ok(_) => tracing::info!("deleted pod {ns}/{name}: its node {node} is gone"),
+                Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => {}
+                Err(e) => tracing::warn!("garbage collector: deleting pod {ns}/{name} of gone node {node}: {e}"),
+            }
+        }
     }
 
     /// Works the `orphan` and `foregroundDeletion` finalizers of a terminating owner.
-    async fn finalize(&self, key: &str, m: &Meta) -> Result<(), StatusError> {
-        if m.deletion_timestamp.is_none() {
-            return Ok(());
+    async fn finalize(&self, key: &Key, meta: &ObjectMeta) {
+        if meta.deletion_timestamp.is_none() {
+            return;
         }
-        let deps: Vec<String> = self.index.dependents.get(&m.uid).into_iter().flatten().cloned().collect();
-        if m.finalizers.iter().any(|f| f == "orphan") {
+        let finalizers = meta.finalizers.as_deref().unwrap_or_default();
+        let uid = meta.uid.as_deref().unwrap_or_default();
+        let deps = self.index.dependents_of(uid);
+        if finalizers.iter().any(|f| f == "orphan") {
             for d in &deps {
-                self.drop_owner(d, &m.uid).await?;
+                self.drop_owner(d, uid).await;
             }
-            self.remove_finalizer(key, m, "orphan").await?;
-        } else if m.finalizers.iter().any(|f| f == "foregroundDeletion") {
+            self.remove_finalizer(key, meta, "orphan").await;
+        } else if finalizers.iter().any(|f| f == "foregroundDeletion") {
             if deps.is_empty() {
-                self.remove_finalizer(key, m, "foregroundDeletion").await?;
+                self.remove_finalizer(key, meta, "foregroundDeletion").await;
             } else {
                 for d in &deps {
-                    self.delete_key(d, None).await?;
+                    self.delete(d, &DeleteParams::default()).await;
                 }
             }
         }
-        Ok(())
     }
 
-    async fn drop_owner(&self, key: &str, owner_uid: &str) -> Result<(), StatusError> {
-        let Some((r, ns, name)) = self.locate(key) else { return Ok(()) };
-        let Ok(v) = self.registry.get_value(&r, ns.as_deref(), &name) else { return Ok(()) };
-        let owners: Vec<serde_json::Value> = v["metadata"]["ownerReferences"]
-            .as_array()
-            .map(|a| a.iter().filter(|o| o["uid"] != owner_uid).cloned().collect())
-            .unwrap_or_default();
-        let patch = json!({"metadata": {"ownerReferences": if owners.is_empty() { serde_json::Value::Null } else { json!(owners) }}});
-        self.merge_patch(&r, ns.as_deref(), &name, &patch).await
+    async fn drop_owner(&self, key: &Key, owner_uid: &str) {
+        let Some(meta) = self.read_meta(key).await else { return };
+        let rest: Vec<&OwnerReference> = owners(&meta).iter().filter(|o| o.uid != owner_uid).collect();
+        let owners = if rest.is_empty() { Value::Null } else { json!(rest) };
+        self.merge_patch(key, &meta, json!({"ownerReferences": owners})).await;
     }
 
-    async fn remove_finalizer(&self, key: &str, m: &Meta, finalizer: &str) -> Result<(), StatusError> {
-        let Some((r, ns, name)) = self.locate(key) else { return Ok(()) };
-        let rest: Vec<&String> = m.finalizers.iter().filter(|f| *f != finalizer).collect();
-        let patch =
-            json!({"metadata": {"finalizers": if rest.is_empty() { serde_json::Value::Null } else { json!(rest) }}});
-        self.merge_patch(&r, ns.as_deref(), &name, &patch).await
+    async fn remove_finalizer(&self, key: &Key, meta: &ObjectMeta, finalizer: &str) {
+        let rest: Vec<&String> = meta.finalizers.iter().flatten().filter(|f| *f != finalizer).collect();
+        let finalizers = if rest.is_empty() { Value::Null } else { json!(rest) };
+        self.merge_patch(key, meta, json!({"finalizers": finalizers})).await;
     }
 
-    async fn merge_patch(
-        &self,
-        r: &Resource,
-        ns: Option<&str>,
-        name: &str,
-        patch: &serde_json::Value,
-    ) -> Result<(), StatusError> {
-        let body = serde_json::to_vec(patch).map_err(StatusError::internal)?;
-        match self.registry.patch(r, ns, name, &body, PatchType::Merge, None, &WriteOptions::default()).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 => Ok(()),
-            Err(e) => Err(e),
+    /// A merge patch of `metadata` made on the version `meta` was read at: if the object changed
+    /// meanwhile it is left alone, and its next event brings it back here.
+    async fn merge_patch(&self, key: &Key, meta: &ObjectMeta, mut patch: Value) {
+        patch["resourceVersion"] = json!(meta.resource_version);
+        let body = json!({"metadata": patch});
+        match self.api(key).patch(&key.name, &PatchParams::default(), &Patch::Merge(&body)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => {}
+            Err(e) => {
+                tracing::warn!("garbage collector: updating {} {}: {e}", self.resources[key.resource].kind, key.name)
+            }
         }
     }
 }
@@ -281,10 +383,16 @@ impl Collector {
 mod tests {
     use super::*;
 
-    fn m(uid: &str, owners: &[&str]) -> Meta {
-        Meta {
+    fn key(name: &str) -> Key {
+        Key { resource: 0, namespace: Some("a".into()), name: name.into() }
+    }
+
+    fn owner(uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "o".into(),
             uid: uid.into(),
-            owner_references: owners.iter().map(|o| OwnerRef { uid: o.to_string() }).collect(),
             ..Default::default()
         }
     }
@@ -292,12 +400,77 @@ mod tests {
     #[test]
     fn index_tracks_orphans() {
         let mut idx = Index::default();
-        idx.upsert("cm/a/owner", &m("u1", &[]));
-        idx.upsert("pods/a/dep", &m("u2", &["u1"]));
-        assert!(!idx.orphaned("pods/a/dep"));
-        idx.remove("cm/a/owner");
-        assert!(idx.orphaned("pods/a/dep"));
-        idx.remove("pods/a/dep");
+        idx.upsert(&key("owner"), "u1", &[]);
+        idx.upsert(&key("dep"), "u2", &[owner("u1")]);
+        assert!(!idx.orphaned(&key("dep")));
+        assert_eq!(idx.dependents_of("u1"), vec![key("dep")]);
+        idx.remove(&key("owner"));
+        assert!(idx.orphaned(&key("dep")));
+        idx.remove(&key("dep"));
         assert!(idx.dependents.is_empty());
+        assert!(idx.uids.is_empty() && idx.keys.is_empty() && idx.owners.is_empty());
+    }
+
+    /// Polls `check` until it holds, for at most 10 s.
+    async fn eventually<F: AsyncFn() -> bool>(what: &str, check: F) {
+        for _ in 0..200 {
+            if check().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{what} never happened");
+    }
+
+    #[tokio::test]
+    async fn owners_gone_take_their_dependents_and_finalizers_are_worked() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let (_dir, _registry, client) = crate::client::for_tests().await;
+        let shutdown = CancellationToken::new();
+        tokio::spawn(run(client.clone(), shutdown.clone()));
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        let make = async |name: &str, owner: Option<&ConfigMap>| {
+            let mut cm = ConfigMap::default();
+            cm.metadata.name = Some(name.into());
+            if let Some(o) = owner {
+                cm.metadata.owner_references = Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    name: o.metadata.name.clone().unwrap(),
+                    uid: o.metadata.uid.clone().unwrap(),
+                    ..Default::default()
+                }]);
+            }
+            cms.create(&Default::default(), &cm).await.unwrap()
+        };
+        let gone = async |name: &str| cms.get_opt(name).await.unwrap().is_none();
+
+        // Background: the dependent follows its owner.
+        let owner = make("owner", None).await;
+        make("dep", Some(&owner)).await;
+        cms.delete("owner", &DeleteParams::default()).await.unwrap();
+        eventually("the dependent's deletion", async || gone("dep").await).await;
+
+        // A dependent whose owner never existed goes too; one whose owner exists stays.
+        let mut ghost = owner.clone();
+        ghost.metadata.uid = Some("no-such-uid".into());
+        make("stray", Some(&ghost)).await;
+        let kept_owner = make("kept-owner", None).await;
+        make("kept", Some(&kept_owner)).await;
+        eventually("the stray's deletion", async || gone("stray").await).await;
+        assert!(!gone("kept").await, "a dependent of a live owner was deleted");
+
+        // Orphan: the dependent stays, without the owner reference.
+        cms.delete("kept-owner", &DeleteParams::orphan()).await.unwrap();
+        eventually("the orphaned owner's deletion", async || gone("kept-owner").await).await;
+        let kept = cms.get("kept").await.unwrap();
+        assert_eq!(kept.metadata.owner_references, None);
+
+        // Foreground: the owner waits for its dependents, then goes.
+        let owner = make("fg-owner", None).await;
+        make("fg-dep", Some(&owner)).await;
+        cms.delete("fg-owner", &DeleteParams::foreground()).await.unwrap();
+        eventually("the foreground deletion", async || gone("fg-owner").await && gone("fg-dep").await).await;
+        shutdown.cancel();
     }
 }

@@ -454,7 +454,11 @@ impl Registry {
                 return Err(StatusError::modified(&gr, name));
             }
             let mut new = mutate(&old)?;
+            // A uid in the new object must be the stored one (upstream's immutable-field rule: how
+            // a patch names the object it was made for); an empty one is filled in.
+            let given_uid = strategy::str_at(&new, &["metadata", "uid"]).filter(|u| !u.is_empty());
             keep_server_meta(&mut new, &old, r.generation());
+            let other_uid = given_uid.filter(|u| Some(u) != strategy::str_at(&old, &["metadata", "uid"]).as_ref());
             let mut warnings = Vec::new();
             let mut errs = Vec::new();
             match subresource {
@@ -485,6 +489,9 @@ impl Registry {
             if r.generation() && new.get("spec") != old.get("spec") {
                 let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
                 strategy::meta_mut(&mut new).insert("generation".into(), json!(g));
+            }
+            if let Some(uid) = other_uid {
+                errs.push(FieldError::invalid("metadata.uid", uid, "field is immutable"));
             }
             errs.extend(validate_meta(r, &new, false));
             errs.extend(validate_meta_update(&new, &old));

@@ -271,3 +271,18 @@ fn continue_tokens_round_trip_and_reject_garbage() {
     assert_eq!(decode_continue(&t, "pods/default/").unwrap(), "pods/default/a");
     assert_eq!(decode_continue("!!!", "pods/").unwrap_err().code, 400);
 }
+
+#[tokio::test]
+async fn a_uid_in_an_update_must_be_the_stored_one() {
+    let (_d, reg) = registry().await;
+    let cms = res(&reg, "", "configmaps");
+    let opts = WriteOptions::default();
+    let created = reg.create(&cms, Some("default"), json!({"metadata": {"name": "u"}}), &opts).await.unwrap();
+    let uid = value(&created.object)["metadata"]["uid"].as_str().unwrap().to_string();
+    let patch = |uid: &str| format!(r#"{{"metadata":{{"uid":"{uid}","labels":{{"a":"b"}}}}}}"#).into_bytes();
+    let err = reg.patch(&cms, Some("default"), "u", &patch("other"), PatchType::Merge, None, &opts).await.unwrap_err();
+    assert_eq!(err.code, 422);
+    assert!(err.message.contains(r#"metadata.uid: Invalid value: "other": field is immutable"#), "{}", err.message);
+    let ok = reg.patch(&cms, Some("default"), "u", &patch(&uid), PatchType::Merge, None, &opts).await.unwrap();
+    assert_eq!(value(&ok.object)["metadata"]["labels"]["a"], "b");
+}

@@ -1,10 +1,11 @@
 //! The scheduler: places pending pods on nodes the way kube-scheduler does.
 //!
-//! Data flow: the store's watch feeds `intake`, which keeps the [`cache::Cache`] (nodes and the
+//! Data flow: watches of nodes and pods (kube-runtime's `watcher`, through the client) feed
+//! `intake`, which keeps the [`cache::Cache`] (nodes and the
 //! pods bound or assumed to them) and the [`queue::SchedulingQueue`] (pods waiting for a node)
 //! current. The scheduling loop pops one pod at a time and runs its profile's plugins against a
 //! snapshot of the cache ([`algorithm`]); the chosen node is assumed in the cache and the binding
-//! cycle runs concurrently, binding through the registry's `pods/binding`. Failures go back to the
+//! cycle runs concurrently, binding through the API's `pods/binding`. Failures go back to the
 //! queue, with a `FailedScheduling` event and the `PodScheduled` condition.
 
 pub mod algorithm;
@@ -18,16 +19,18 @@ pub mod types;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use serde::de::DeserializeOwned;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, PostParams};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event, watcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{EventType, ObjectRef, Recorder};
-use crate::registry::{Registry, StatusError};
-use crate::store::{self, EventType as StoreEvent, Object, Subscription};
 use algorithm::Failure;
 use cache::{Cache, Snapshot};
 pub use config::Config;
@@ -35,12 +38,9 @@ use framework::{ClusterEvent, CycleState, Profile, Status};
 use queue::{QueueHooks, QueueOptions, QueuedPod, SchedulingQueue};
 use types::{NodeFacts, PodInfo};
 
-const PODS: &str = "pods/";
-const NODES: &str = "nodes/";
-
 /// The running scheduler's shared state.
 pub struct Scheduler {
-    registry: Registry,
+    client: kube::Client,
     profiles: Arc<HashMap<String, Arc<Profile>>>,
     queue: Arc<SchedulingQueue>,
     cache: Mutex<Cache>,
@@ -74,10 +74,6 @@ fn lock(cache: &Mutex<Cache>) -> MutexGuard<'_, Cache> {
     cache.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn parse<T: DeserializeOwned>(obj: &Object) -> Option<T> {
-    serde_json::from_slice(&obj.data).map_err(|e| tracing::warn!("scheduler: unreadable object: {e}")).ok()
-}
-
 fn pod_ref(pod: &PodInfo) -> ObjectRef {
     ObjectRef {
         kind: "Pod",
@@ -92,25 +88,23 @@ impl Scheduler {
     /// Builds the profiles (failing on a bad configuration) and starts the scheduler; it runs until
     /// `shutdown`.
     pub fn start(
-        registry: Registry,
         client: kube::Client,
         config: &Config,
         node_name: &str,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        let handle = plugins::Handle { registry: registry.clone() };
+        let handle = plugins::Handle::start(client.clone(), &shutdown);
         let profiles = config.build(&handle).map_err(|e| anyhow::anyhow!("scheduler configuration: {e}"))?;
         let opts = QueueOptions {
             initial_backoff: config.initial_backoff,
             max_backoff: config.max_backoff,
             ..QueueOptions::default()
         };
-        Self::launch(registry, client, profiles, opts, node_name, shutdown);
+        Self::launch(client, profiles, opts, node_name, shutdown);
         Ok(())
     }
 
     fn launch(
-        registry: Registry,
         client: kube::Client,
         profiles: Vec<Profile>,
         opts: QueueOptions,
@@ -124,15 +118,22 @@ impl Scheduler {
         let profiles: Arc<HashMap<String, Arc<Profile>>> =
             Arc::new(profiles.into_iter().map(|p| (p.name.clone(), Arc::new(p))).collect());
         let queue = Arc::new(SchedulingQueue::new(Arc::new(Hooks { profiles: profiles.clone() }), opts));
-        let sched = Arc::new(Scheduler { registry, profiles, queue, cache: Mutex::new(Cache::default()), recorders });
+        let sched = Arc::new(Scheduler { client, profiles, queue, cache: Mutex::new(Cache::default()), recorders });
         tokio::spawn(sched.clone().run(shutdown));
         sched
     }
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut known = HashMap::new();
         // Start scheduling only once the nodes and pods that exist are loaded.
-        let (sub, pods_listed_at) = self.load(&mut known);
+        let (loaded, ready) = tokio::sync::oneshot::channel();
+        let intake = tokio::spawn(self.clone().intake(loaded));
+        tokio::select! {
+            _ = ready => {}
+            _ = shutdown.cancelled() => {
+                intake.abort();
+                return;
+            }
+        }
         tracing::info!(
             "scheduler started with profile(s) {:?}: {} node(s) known",
             self.profiles.keys().collect::<Vec<_>>(),
@@ -142,7 +143,6 @@ impl Scheduler {
             let queue = self.queue.clone();
             tokio::spawn(async move { queue.run_flushes().await })
         };
-        let intake = tokio::spawn(self.clone().intake(sub, pods_listed_at, known));
         let scheduling = tokio::spawn(self.clone().scheduling_loop());
         shutdown.cancelled().await;
         self.queue.close();
@@ -151,85 +151,95 @@ impl Scheduler {
         let _ = flushes.await;
     }
 
-    /// Lists nodes and pods into the cache and queue (again, after a watch fell behind, reconciling
-    /// with what was known) and returns the watch that continues from there.
-    /// Pod events up to the returned revision are already in the listing and must be skipped.
-    fn load(&self, known: &mut HashMap<String, Arc<str>>) -> (Subscription, u64) {
-        let store = self.registry.store();
-        let (nodes, sub) = store.list_and_watch(NODES);
-        let listed: std::collections::HashSet<String> =
-            nodes.items.iter().filter_map(|(_, obj)| parse::<Node>(obj).map(|n| self.on_node(&n))).collect();
-        let stale: Vec<String> =
-            lock(&self.cache).node_names().filter(|n| !listed.contains(*n)).map(String::from).collect();
-        for name in stale {
-            lock(&self.cache).remove_node(&name);
+    /// Follows the watches of nodes and pods (kube-runtime's watcher relists when a watch falls
+    /// behind; what a relist no longer shows is gone). `loaded` fires once both were listed.
+    async fn intake(self: Arc<Self>, loaded: tokio::sync::oneshot::Sender<()>) {
+        enum Change {
+            Node(Box<Event<Node>>),
+            Pod(Box<Event<Pod>>),
         }
-        let pods = store.list(PODS, None);
-        let mut seen = std::collections::HashSet::new();
-        for (key, obj) in &pods.items {
-            if let Some(pod) = parse::<Pod>(obj) {
-                let info = Arc::new(PodInfo::from_pod(&pod));
-                seen.insert(info.uid.clone());
-                known.insert(info.uid.clone(), Arc::from(key.as_str()));
-                self.on_pod(info, true);
+        let config = watcher::Config::default();
+        let nodes = watcher(Api::<Node>::all(self.client.clone()), config.clone())
+            .default_backoff()
+            .map(|e| e.map(|e| Change::Node(Box::new(e))));
+        let pods = watcher(Api::<Pod>::all(self.client.clone()), config)
+            .default_backoff()
+            .map(|e| e.map(|e| Change::Pod(Box::new(e))));
+        let mut changes = std::pin::pin!(futures::stream::select(nodes, pods));
+        let mut loaded = Some(loaded);
+        let (mut nodes_listed, mut pods_listed) = (false, false);
+        // Pods and nodes known, and those seen since a relist began.
+        let mut known: HashSet<String> = HashSet::new();
+        let (mut relisted_pods, mut relisted_nodes): (HashSet<String>, HashSet<String>) = Default::default();
+        while let Some(change) = changes.next().await {
+            match change {
+                Err(e) => tracing::warn!("scheduler watch: {e}"),
+                Ok(Change::Node(event)) => match *event {
+                    Event::Init => relisted_nodes.clear(),
+                    Event::InitApply(node) => {
+                        relisted_nodes.insert(self.on_node(&node));
+                    }
+                    Event::Apply(node) => {
+                        self.on_node(&node);
+                    }
+                    Event::Delete(node) => self.node_gone(node.metadata.name.as_deref().unwrap_or_default()),
+                    Event::InitDone => {
+                        let stale: Vec<String> = lock(&self.cache)
+                            .node_names()
+                            .filter(|n| !relisted_nodes.contains(*n))
+                            .map(String::from)
+                            .collect();
+                        for name in stale {
+                            self.node_gone(&name);
+                        }
+                        relisted_nodes = HashSet::new();
+                        nodes_listed = true;
+                    }
+                },
+                Ok(Change::Pod(event)) => match *event {
+                    Event::Init => relisted_pods.clear(),
+                    Event::InitApply(pod) => {
+                        let info = Arc::new(PodInfo::from_pod(&pod));
+                        relisted_pods.insert(info.uid.clone());
+                        let new = known.insert(info.uid.clone());
+                        self.on_pod(info, new);
+                    }
+                    Event::Apply(pod) => {
+                        let info = Arc::new(PodInfo::from_pod(&pod));
+                        let new = known.insert(info.uid.clone());
+                        self.on_pod(info, new);
+                    }
+                    Event::Delete(pod) => {
+                        let uid = pod.metadata.uid.unwrap_or_default();
+                        known.remove(&uid);
+                        self.pod_gone(&uid);
+                    }
+                    Event::InitDone => {
+                        known.retain(|uid| {
+                            let keep = relisted_pods.contains(uid);
+                            if !keep {
+                                self.pod_gone(uid);
+                            }
+                            keep
+                        });
+                        relisted_pods = HashSet::new();
+                        pods_listed = true;
+                    }
+                },
+            }
+            if nodes_listed
+                && pods_listed
+                && let Some(tx) = loaded.take()
+            {
+                let _ = tx.send(());
             }
         }
-        known.retain(|uid, _| {
-            let keep = seen.contains(uid);
-            if !keep {
-                self.pod_gone(uid);
-            }
-            keep
-        });
-        (sub, pods.revision)
     }
 
-    /// Follows the watch; when it falls too far behind, reloads.
-    async fn intake(
-        self: Arc<Self>,
-        mut sub: Subscription,
-        mut pods_listed_at: u64,
-        mut known: HashMap<String, Arc<str>>,
-    ) {
-        loop {
-            let event = match sub.next().await {
-                Ok(e) => e,
-                Err(store::Error::TooOld { .. }) => {
-                    tracing::info!("scheduler fell behind the watch; reloading nodes and pods");
-                    (sub, pods_listed_at) = self.load(&mut known);
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!("scheduler watch ended: {e}");
-                    return;
-                }
-            };
-            if event.key.starts_with(NODES) {
-                match event.kind {
-                    StoreEvent::Deleted => {
-                        let name = event.key.strip_prefix(NODES).unwrap_or_default();
-                        let removed = lock(&self.cache).remove_node(name);
-                        if let Some(node) = removed {
-                            self.queue.on_event(&ClusterEvent::NodeRemoved(node));
-                        }
-                    }
-                    _ => {
-                        if let Some(node) = parse::<Node>(&event.object) {
-                            self.on_node(&node);
-                        }
-                    }
-                }
-            } else if event.key.starts_with(PODS) && event.rv > pods_listed_at {
-                let Some(pod) = parse::<Pod>(&event.object) else { continue };
-                let info = Arc::new(PodInfo::from_pod(&pod));
-                if event.kind == StoreEvent::Deleted {
-                    known.remove(&info.uid);
-                    self.pod_gone(&info.uid);
-                } else {
-                    known.insert(info.uid.clone(), event.key.clone());
-                    self.on_pod(info, event.kind == StoreEvent::Added);
-                }
-            }
+    fn node_gone(&self, name: &str) {
+        let removed = lock(&self.cache).remove_node(name);
+        if let Some(node) = removed {
+            self.queue.on_event(&ClusterEvent::NodeRemoved(node));
         }
     }
 
@@ -412,29 +422,42 @@ impl Scheduler {
         }
     }
 
-    /// Sets `PodScheduled=False` with the reason, unless the pod was replaced, bound or deleted
-    /// meanwhile. Writes nothing when the condition already says so.
-    async fn set_unscheduled(&self, pod: &PodInfo, reason: &str, message: &str) -> Result<(), StatusError> {
-        let pods = self.registry.find("", "v1", "pods").ok_or_else(|| StatusError::internal("pods are not served"))?;
-        self.registry
-            .modify(&pods, Some(&pod.namespace), &pod.name, Some("status"), |current| {
-                let uid = current["metadata"]["uid"].as_str().unwrap_or_default();
-                let bound = current["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
-                if uid != pod.uid || bound {
-                    let gr = crate::registry::GroupResource { group: String::new(), resource: "pods".into() };
-                    return Err(StatusError::conflict(&gr, &pod.name, "the pod was replaced or bound meanwhile"));
+    /// Sets `PodScheduled=False` with the reason (upstream's `updatePod`), unless the pod was
+    /// replaced, bound or deleted meanwhile: the write is made on the version read, so a pod that
+    /// changed in between is left alone. Writes nothing when the condition already says so.
+    async fn set_unscheduled(&self, pod: &PodInfo, reason: &str, message: &str) -> Result<(), kube::Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let Some(mut current) = pods.get_opt(&pod.name).await? else { return Ok(()) };
+        let bound = current.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
+        if current.metadata.uid.as_deref() != Some(pod.uid.as_str()) || bound {
+            return Ok(());
+        }
+        let conditions = current.status.get_or_insert_default().conditions.get_or_insert_default();
+        let old = conditions.iter().position(|c| c.type_ == "PodScheduled");
+        let since = match old.map(|i| &conditions[i]) {
+            Some(c) if c.status == "False" => {
+                if c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message) {
+                    return Ok(());
                 }
-                let mut v = current.clone();
-                crate::registry::kinds::pod::set_condition(
-                    &mut v,
-                    "PodScheduled",
-                    "False",
-                    Some(reason),
-                    Some(message),
-                );
-                Ok(v)
-            })
-            .await
-            .map(|_| ())
+                c.last_transition_time.clone()
+            }
+            _ => Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        };
+        let condition = PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            last_transition_time: since,
+            ..Default::default()
+        };
+        match old {
+            Some(i) => conditions[i] = condition,
+            None => conditions.push(condition),
+        }
+        match pods.replace_status(&pod.name, &PostParams::default(), &current).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            other => other.map(|_| ()),
+        }
     }
 }

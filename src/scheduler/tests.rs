@@ -43,27 +43,21 @@ async fn setup() -> (tempfile::TempDir, Registry, CancellationToken) {
     let dir = tempfile::tempdir().unwrap();
     let registry = Registry::new(Store::open(dir.path(), Options::default()).unwrap());
     crate::registry::bootstrap::system_namespaces(&registry).await.unwrap();
-    let handle = Handle { registry: registry.clone() };
+    let shutdown = CancellationToken::new();
+    let client = crate::client::on_registry(&registry);
+    let handle = Handle::start(client.clone(), &shutdown);
     let mut profiles = Config::default().build(&handle).unwrap();
     let saboteur: Arc<dyn Plugin> = Arc::new(Saboteur);
     for point in [Point::Reserve, Point::Bind] {
         // Before DefaultBinder, so that it decides first.
         profiles[0].points.entry(point).or_default().insert(0, Enabled { plugin: saboteur.clone(), weight: 1 });
     }
-    let shutdown = CancellationToken::new();
     let opts = QueueOptions {
         initial_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_millis(200),
         ..Default::default()
     };
-    Scheduler::launch(
-        registry.clone(),
-        crate::client::on_registry(&registry),
-        profiles,
-        opts,
-        "test",
-        shutdown.clone(),
-    );
+    Scheduler::launch(client, profiles, opts, "test", shutdown.clone());
     (dir, registry, shutdown)
 }
 

@@ -10,13 +10,18 @@ pub mod topology_spread;
 
 use std::sync::Arc;
 
+use futures::StreamExt as _;
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Binding, Namespace, ObjectReference, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use super::framework::{ClusterEvent, CycleState, Plugin, Point, Status};
 use super::types::PodInfo;
-use crate::registry::Registry;
 
 /// Upstream v1.36's default `multiPoint` plugins, in order, with their score weights.
 pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
@@ -47,21 +52,35 @@ pub const NOT_SERVED: &[&str] = &[
     "NodeDeclaredFeatures",
 ];
 
-/// What plugins may use from the rest of the process.
+/// What plugins may use from the rest of the process (upstream's framework `Handle`): the client,
+/// and a cache of namespaces (the namespace lister).
 #[derive(Clone)]
 pub struct Handle {
-    pub registry: Registry,
+    client: kube::Client,
+    namespaces: Store<Namespace>,
 }
 
 impl Handle {
+    /// Starts the namespace cache; it follows the API until `shutdown`.
+    pub fn start(client: kube::Client, shutdown: &CancellationToken) -> Self {
+        let (namespaces, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(Api::<Namespace>::all(client.clone()), Default::default()))
+            .default_backoff()
+            .for_each(|_| std::future::ready(()));
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stream => {}
+                _ = shutdown.cancelled() => {}
+            }
+        });
+        Handle { client, namespaces }
+    }
+
     /// The labels of a namespace, for pod affinity terms with a `namespaceSelector`.
     fn namespace_labels(&self) -> inter_pod_affinity::NamespaceLabels {
-        let registry = self.registry.clone();
-        Arc::new(move |ns: &str| {
-            let namespaces = registry.find("", "v1", "namespaces")?;
-            let v = registry.get_value(&namespaces, None, ns).ok()?;
-            serde_json::from_value(v["metadata"]["labels"].clone()).ok()
-        })
+        let namespaces = self.namespaces.clone();
+        Arc::new(move |ns: &str| namespaces.get(&ObjectRef::new(ns))?.metadata.labels.clone())
     }
 }
 
@@ -90,7 +109,7 @@ pub fn build(name: &str, config: Option<Value>, handle: &Handle) -> Result<Optio
             inter_pod_affinity::InterPodAffinity::new(args(config)?)?.with_namespace_labels(handle.namespace_labels()),
         ),
         topology_spread::NAME => Arc::new(topology_spread::PodTopologySpread::new(args(config)?)?),
-        "DefaultBinder" => Arc::new(DefaultBinder { registry: handle.registry.clone() }),
+        "DefaultBinder" => Arc::new(DefaultBinder { client: handle.client.clone() }),
         n if NOT_SERVED.contains(&n) => return Ok(None),
         n => return Err(format!("unknown plugin {n:?}")),
     };
@@ -114,7 +133,7 @@ pub fn node_hint(p: &dyn Plugin, pod: &PodInfo, event: &ClusterEvent, pod_remova
 
 /// Binds through the API's `pods/{name}/binding`, which sets `spec.nodeName` once.
 pub struct DefaultBinder {
-    registry: Registry,
+    client: kube::Client,
 }
 
 impl Plugin for DefaultBinder {
@@ -128,15 +147,21 @@ impl Plugin for DefaultBinder {
 
     fn bind<'a>(&'a self, pod: &'a PodInfo, node: &'a str) -> BoxFuture<'a, Status> {
         Box::pin(async move {
-            let binding = json!({
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-                "target": {"kind": "Node", "name": node},
-            });
-            match self.registry.bind(&pod.namespace, &pod.name, &binding).await {
-                Ok(()) => Status::success(),
-                Err(e) => Status::error(e.message),
+            let binding = Binding {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(pod.name.clone()),
+                    namespace: Some(pod.namespace.clone()),
+                    uid: Some(pod.uid.clone()),
+                    ..Default::default()
+                },
+                target: ObjectReference { kind: Some("Node".into()), name: Some(node.into()), ..Default::default() },
+            };
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+            // The answer is a Status: only whether it succeeded matters.
+            match pods.create_subresource::<_, Value>("binding", &pod.name, &PostParams::default(), &binding).await {
+                Ok(_) => Status::success(),
+                Err(kube::Error::Api(s)) => Status::error(s.message),
+                Err(e) => Status::error(e.to_string()),
             }
         })
     }
