@@ -194,6 +194,9 @@ struct ServerArgs {
     /// Port of the node agent's /healthz on 127.0.0.1 (0 turns it off)
     #[arg(long, default_value_t = 10248)]
     healthz_port: u16,
+    /// Port of the node's HTTPS endpoint (container logs) that the API server calls; 0 picks a free one
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
     /// Name of this node [default: the hostname]
     #[arg(long, env = "CAIRN_NODE_NAME")]
     node_name: Option<String>,
@@ -340,6 +343,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         runtime,
         reserved,
         healthz_port: args.healthz_port,
+        kubelet_port: args.kubelet_port,
         scheduler,
         data_dir,
         bind_address: args.bind_address,

@@ -27,6 +27,8 @@ pub struct ServerConfig {
     pub reserved: agent::node::Reserved,
     /// The agent's `/healthz` port on 127.0.0.1 (0: none).
     pub healthz_port: u16,
+    /// The node endpoint's port (0: any free one).
+    pub kubelet_port: u16,
     /// The scheduler's configuration; `None` when it is disabled.
     pub scheduler: Option<scheduler::Config>,
     pub data_dir: PathBuf,
@@ -167,6 +169,7 @@ async fn start_control_plane(
         local
     };
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
+    let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
     let app = api::router(state.clone());
     if let Some(config) = &cfg.scheduler {
         let client = client::in_process(app.clone(), client::scheduler());
@@ -180,6 +183,11 @@ async fn start_control_plane(
             Err(_) => bail!("the container runtime's start-up task ended without an answer"),
         };
         tracing::info!("node {}: the container runtime and pod network are ready", cfg.node_name);
+        let endpoint = node_endpoint(&cfg, &pki).await;
+        let kubelet_port = endpoint.as_ref().and_then(|e| e.listener.local_addr().ok()).map_or(0, |a| a.port());
+        if let Some(nodes) = state.node_client.get() {
+            nodes.set_local_node(&cfg.node_name);
+        }
         let agent = agent::Config {
             node_name: cfg.node_name.clone(),
             data_dir: cfg.data_dir.clone(),
@@ -187,10 +195,10 @@ async fn start_control_plane(
             pod_cidr: rc.network().subnet,
             reserved: cfg.reserved.clone(),
             healthz_port: cfg.healthz_port,
+            kubelet_port,
         };
-        let _ = state.pod_logs.set(cfg.data_dir.join("agent").join("logs").join("pods"));
         let client = client::in_process(app.clone(), client::node(&cfg.node_name));
-        agent::start(registry.clone(), client, cri, agent, shutdown.clone());
+        agent::start(client, cri, agent, endpoint, shutdown.clone());
     }
 
     let url = format!("https://127.0.0.1:{}", local.port());
@@ -213,6 +221,26 @@ async fn start_control_plane(
     });
     state.ready.store(true, Ordering::Release);
     Ok(Started { url, kubeconfig: cfg.write_kubeconfig, done })
+}
+
+/// Binds the node endpoint (`--kubelet-port` on the bind address). A port another process holds
+/// costs only what goes through the endpoint (`kubectl logs`), with a warning, as with `/healthz`.
+async fn node_endpoint(cfg: &ServerConfig, pki: &pki::Pki) -> Option<agent::endpoint::Listener> {
+    let addr = SocketAddr::new(cfg.bind_address, cfg.kubelet_port);
+    let tls = match pki.kubelet_server_config() {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("node endpoint: {e}; pod logs are not served");
+            return None;
+        }
+    };
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => Some(agent::endpoint::Listener { listener, tls }),
+        Err(e) => {
+            tracing::warn!("node endpoint: cannot listen on {addr}: {e}; pod logs are not served (see --kubelet-port)");
+            None
+        }
+    }
 }
 
 /// The node/join token, created on first start (0600) and reused after.

@@ -16,6 +16,7 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use chrono::{DateTime, FixedOffset, SecondsFormat, TimeDelta, Utc};
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use tokio::io::AsyncReadExt as _;
 
 use crate::registry::validation::{ErrorType, FieldError};
@@ -401,6 +402,52 @@ struct Reader {
     /// Dropping an over-long line up to its newline.
     overlong: bool,
     decoder: Decoder,
+}
+
+fn status_of<'a>(pod: &'a Pod, container: &str) -> Option<&'a ContainerStatus> {
+    let status = pod.status.as_ref()?;
+    status
+        .container_statuses
+        .iter()
+        .chain(status.init_container_statuses.iter())
+        .flatten()
+        .find(|s| s.name == container)
+}
+
+/// Which run of the container to read (its restart count names the log file), as kubelet's
+/// `validateContainerLogStatus` picks it: the running or finished one; while it waits to restart,
+/// the last one that ran; `previous` asks for the run before. The error is the message a client sees.
+pub fn which_run(pod: &Pod, container: &str, previous: bool) -> Result<i32, String> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let status = status_of(pod, container);
+    let state = status.and_then(|s| s.state.clone()).unwrap_or_default();
+    let last_ran = status.and_then(|s| s.last_state.as_ref()).and_then(|l| l.terminated.as_ref()).is_some();
+    let count = status.map_or(0, |s| s.restart_count);
+    if previous {
+        if !last_ran {
+            return Err(format!("previous terminated container \"{container}\" in pod \"{name}\" not found"));
+        }
+        // While waiting, lastState is the newest run; otherwise the one before the current.
+        return Ok(if state.waiting.is_some() { count } else { count - 1 });
+    }
+    if state.running.is_some() || state.terminated.is_some() || (state.waiting.is_some() && last_ran) {
+        return Ok(count);
+    }
+    let reason = state.waiting.and_then(|w| w.reason).unwrap_or_else(|| "ContainerCreating".into());
+    Err(format!("container \"{container}\" in pod \"{name}\" is waiting to start: {reason}"))
+}
+
+/// Whether the run of `container` that `pod` showed running (`container_id`) still runs in `now`.
+pub fn still_running(now: &Pod, uid: &str, container: &str, container_id: Option<&str>) -> bool {
+    now.metadata.uid.as_deref() == Some(uid)
+        && status_of(now, container).is_some_and(|s| {
+            s.container_id.as_deref() == container_id && s.state.as_ref().is_some_and(|st| st.running.is_some())
+        })
+}
+
+/// The container ID of the run `pod` shows for `container`.
+pub fn container_id(pod: &Pod, container: &str) -> Option<String> {
+    status_of(pod, container).and_then(|s| s.container_id.clone())
 }
 
 /// Streams a container's CRI log file as kubelet's `ReadLogs` writes it: the content of each line

@@ -5,9 +5,11 @@
 //! this node ([`pods`]).
 
 pub mod backoff;
+pub mod endpoint;
 pub mod env;
 pub mod logs;
 pub mod node;
+pub mod objects;
 pub mod pods;
 pub mod probes;
 pub mod spec;
@@ -19,11 +21,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{Value, json};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
 use crate::net::Cidr;
-use crate::registry::{Registry, WriteOptions};
 use crate::runtime::Cri;
 use node::{Inputs, Machine, Reserved};
 
@@ -32,7 +36,7 @@ const STATUS_PERIOD: Duration = Duration::from_secs(10);
 /// How often an unchanged status is written anyway (kubelet's `nodeStatusReportFrequency`).
 const REPORT_PERIOD: Duration = Duration::from_secs(300);
 /// The Lease's duration; it is renewed every quarter of it.
-const LEASE_SECONDS: i64 = 40;
+const LEASE_SECONDS: i32 = 40;
 const LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// What the agent needs to know about its node.
@@ -46,6 +50,8 @@ pub struct Config {
     pub reserved: Reserved,
     /// Port of `/healthz` on 127.0.0.1; 0 turns it off.
     pub healthz_port: u16,
+    /// Port of the node endpoint (kubelet's `--port`, 10250).
+    pub kubelet_port: u16,
 }
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
@@ -71,7 +77,14 @@ fn unix_now() -> u64 {
 }
 
 /// Starts the node's heartbeat (status and lease) and the pod workers; they run until `shutdown`.
-pub fn start(registry: Registry, client: kube::Client, cri: Cri, cfg: Config, shutdown: CancellationToken) {
+/// `endpoint` is the node endpoint's listener (its port is `cfg.kubelet_port`), when it could be bound.
+pub fn start(
+    client: kube::Client,
+    cri: Cri,
+    cfg: Config,
+    endpoint: Option<endpoint::Listener>,
+    shutdown: CancellationToken,
+) {
     let machine = Machine::read(&cfg.data_dir);
     tracing::info!(
         "node agent: registering node {} ({} CPUs, {} MiB memory, pod CIDR {})",
@@ -107,7 +120,8 @@ pub fn start(registry: Registry, client: kube::Client, cri: Cri, cfg: Config, sh
         memory_capacity: machine.memory_bytes,
     };
     let heartbeat = Heartbeat {
-        registry: registry.clone(),
+        nodes: Api::all(client.clone()),
+        leases: Api::namespaced(client.clone(), LEASE_NAMESPACE),
         cri: cri.clone(),
         cfg,
         machine,
@@ -125,7 +139,10 @@ pub fn start(registry: Registry, client: kube::Client, cri: Cri, cfg: Config, sh
                 // Container IDs are reported as `<runtime>://<id>`.
                 let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
                 settings.runtime_name = runtime.split("://").next().filter(|n| !n.is_empty()).unwrap_or("containerd").to_string();
-                pods::start(registry, client, cri, settings, runtime_health, stop)
+                let pods = pods::start(client, cri, settings, runtime_health, stop.clone());
+                if let Some(e) = endpoint {
+                    tokio::spawn(crate::api::serve(e.listener, e.tls, endpoint::router(pods), stop));
+                }
             }
             _ = stop.cancelled() => {}
         }
@@ -164,7 +181,8 @@ async fn serve_healthz(port: u16, health: Arc<Health>, shutdown: CancellationTok
 }
 
 struct Heartbeat {
-    registry: Registry,
+    nodes: Api<Node>,
+    leases: Api<Lease>,
     cri: Cri,
     cfg: Config,
     machine: Machine,
@@ -172,15 +190,17 @@ struct Heartbeat {
     runtime_health: Arc<pods::RuntimeHealth>,
 }
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+/// Now, in whole seconds (as the API's `Time` is serialized).
+fn now() -> Time {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Time(k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
 impl Heartbeat {
     async fn run(self, shutdown: CancellationToken, registered: Arc<tokio::sync::Notify>) {
         let mut tick = tokio::time::interval(STATUS_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut reported: Option<(Value, Instant)> = None;
+        let mut reported: Option<(NodeStatus, Instant)> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -208,7 +228,7 @@ impl Heartbeat {
 
     /// Computes the status; creates the Node or writes its status when something changed or the
     /// report is due. Returns the status written, if any.
-    async fn sync_status(&self, reported: Option<&(Value, Instant)>) -> anyhow::Result<Option<Value>> {
+    async fn sync_status(&self, reported: Option<&(NodeStatus, Instant)>) -> anyhow::Result<Option<NodeStatus>> {
         let (runtime_version, mut not_ready) = match self.cri.readiness().await {
             Ok(r) => (r.runtime, r.problem.map(|p| format!("container runtime network not ready: {p}"))),
             Err(e) => (String::new(), Some(format!("container runtime is down: {e}"))),
@@ -218,91 +238,84 @@ impl Heartbeat {
             not_ready = Some(not_ready.map_or(pleg.clone(), |n| format!("{n}, {pleg}")));
         }
         let images = self.cri.list_images(Default::default()).await.map(|r| r.images).unwrap_or_default();
-        let now = now();
         let inputs = Inputs {
             name: &self.cfg.node_name,
             machine: &self.machine,
             reserved: &self.cfg.reserved,
             node_ip: self.cfg.node_ip,
             pod_cidr: self.cfg.pod_cidr,
+            kubelet_port: self.cfg.kubelet_port,
             runtime_version: &runtime_version,
             not_ready,
             images: &images,
-            now: &now,
+            now: now(),
         };
-        let nodes = self.registry.find("", "v1", "nodes").ok_or_else(|| anyhow::anyhow!("nodes are not served"))?;
-        let current = match self.registry.get_value(&nodes, None, &self.cfg.node_name) {
-            Ok(v) => v,
-            Err(e) if e.code == 404 => {
+        // Written on the version read; another writer in between means reading again.
+        for _ in 0..3 {
+            let Some(mut current) = self.nodes.get_opt(&self.cfg.node_name).await? else {
                 let node = node::new_node(&inputs);
-                let status = node["status"].clone();
-                self.registry.create(&nodes, None, node, &WriteOptions::default()).await?;
+                let created = self.nodes.create(&PostParams::default(), &node).await?;
                 tracing::info!("node agent: registered node {}", self.cfg.node_name);
-                return Ok(Some(status));
+                return Ok(created.status);
+            };
+            let status = node::status(&inputs, current.status.as_ref());
+            let due = reported.is_none_or(|(_, at)| at.elapsed() >= REPORT_PERIOD);
+            if !due && !current.status.as_ref().is_none_or(|old| node::changed(old, &status)) {
+                return Ok(None);
             }
-            Err(e) => return Err(e.into()),
-        };
-        let status = node::status(&inputs, current.get("status"));
-        let due = reported.is_none_or(|(_, at)| at.elapsed() >= REPORT_PERIOD);
-        if !due && !current.get("status").is_none_or(|old| node::changed(old, &status)) {
-            return Ok(None);
+            current.status = Some(status);
+            match self.nodes.replace_status(&self.cfg.node_name, &PostParams::default(), &current).await {
+                Ok(written) => return Ok(written.status),
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
-        let written = status.clone();
-        self.registry
-            .modify(&nodes, None, &self.cfg.node_name, Some("status"), move |cur| {
-                let mut node = cur.clone();
-                node["status"] = status.clone();
-                Ok(node)
-            })
-            .await?;
-        Ok(Some(written))
+        anyhow::bail!("the Node kept changing while its status was written")
     }
 
     /// Renews (or creates) the node's Lease, owned by its Node.
     async fn renew_lease(&self) -> anyhow::Result<()> {
-        let leases = self
-            .registry
-            .find("coordination.k8s.io", "v1", "leases")
-            .ok_or_else(|| anyhow::anyhow!("leases are not served"))?;
-        let renew = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         let name = &self.cfg.node_name;
-        match self
-            .registry
-            .modify(&leases, Some(LEASE_NAMESPACE), name, None, |cur| {
-                let mut lease = cur.clone();
-                lease["spec"]["renewTime"] = json!(renew);
-                lease["spec"]["leaseDurationSeconds"] = json!(LEASE_SECONDS);
-                lease["spec"]["holderIdentity"] = json!(name);
-                Ok(lease)
-            })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 => {
-                let nodes =
-                    self.registry.find("", "v1", "nodes").ok_or_else(|| anyhow::anyhow!("nodes are not served"))?;
-                let uid = self
-                    .registry
-                    .get_value(&nodes, None, name)
-                    .ok()
-                    .and_then(|n| n.pointer("/metadata/uid").cloned())
-                    .ok_or_else(|| anyhow::anyhow!("node {name} is not registered yet"))?;
-                let lease = json!({
-                    "apiVersion": "coordination.k8s.io/v1",
-                    "kind": "Lease",
-                    "metadata": {
-                        "name": name,
-                        "namespace": LEASE_NAMESPACE,
-                        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}],
-                    },
-                    "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": renew},
-                });
-                self.registry.create(&leases, Some(LEASE_NAMESPACE), lease, &WriteOptions::default()).await?;
-                Ok(())
+        let spec = LeaseSpec {
+            holder_identity: Some(name.clone()),
+            lease_duration_seconds: Some(LEASE_SECONDS),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        };
+        for _ in 0..3 {
+            let Some(mut lease) = self.leases.get_opt(name).await? else { break };
+            lease.spec = Some(spec.clone());
+            match self.leases.replace(name, &PostParams::default(), &lease).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => Err(e.into()),
         }
+        let node = self.nodes.get_opt(name).await?;
+        let uid =
+            node.and_then(|n| n.metadata.uid).ok_or_else(|| anyhow::anyhow!("node {name} is not registered yet"))?;
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(LEASE_NAMESPACE.into()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: name.clone(),
+                    uid,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            spec: Some(spec),
+        };
+        self.leases.create(&PostParams::default(), &lease).await?;
+        Ok(())
     }
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 #[cfg(test)]

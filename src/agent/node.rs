@@ -5,7 +5,12 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
 
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::{
+    ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::net::Cidr;
 use crate::runtime::cri;
@@ -156,40 +161,45 @@ pub struct Inputs<'a> {
     pub reserved: &'a Reserved,
     pub node_ip: Option<IpAddr>,
     pub pod_cidr: Cidr,
+    /// The node endpoint's port (`status.daemonEndpoints.kubeletEndpoint.Port`).
+    pub kubelet_port: u16,
     /// The runtime's version string (`containerd://1.6.20`), or empty when it did not answer.
     pub runtime_version: &'a str,
     /// Why the node is not ready, if it is not: kubelet's `KubeletNotReady` message.
     pub not_ready: Option<String>,
     pub images: &'a [cri::Image],
-    /// RFC 3339, seconds.
-    pub now: &'a str,
+    pub now: Time,
 }
 
 /// The Node object to create: metadata, spec and status.
-pub fn new_node(inputs: &Inputs) -> Value {
+pub fn new_node(inputs: &Inputs) -> Node {
     let arch = architecture();
-    json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": inputs.name,
-            "labels": {
-                "kubernetes.io/hostname": inputs.name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": arch,
-                "beta.kubernetes.io/os": "linux",
-                "beta.kubernetes.io/arch": arch,
-                "node-role.kubernetes.io/control-plane": "true",
-            },
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+    let labels = [
+        ("kubernetes.io/hostname", inputs.name),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", arch),
+        ("beta.kubernetes.io/os", "linux"),
+        ("beta.kubernetes.io/arch", arch),
+        ("node-role.kubernetes.io/control-plane", "true"),
+    ];
+    Node {
+        metadata: ObjectMeta {
+            name: Some(inputs.name.into()),
+            labels: Some(labels.into_iter().map(|(k, v)| (k.into(), v.into())).collect()),
+            annotations: Some([("node.alpha.kubernetes.io/ttl".into(), "0".into())].into()),
+            ..Default::default()
         },
-        "spec": {"podCIDR": inputs.pod_cidr.to_string(), "podCIDRs": [inputs.pod_cidr.to_string()]},
-        "status": status(inputs, None),
-    })
+        spec: Some(NodeSpec {
+            pod_cidr: Some(inputs.pod_cidr.to_string()),
+            pod_cidrs: Some(vec![inputs.pod_cidr.to_string()]),
+            ..Default::default()
+        }),
+        status: Some(status(inputs, None)),
+    }
 }
 
 /// The node's status; condition transition times are kept from `previous` while a condition holds.
-pub fn status(inputs: &Inputs, previous: Option<&Value>) -> Value {
+pub fn status(inputs: &Inputs, previous: Option<&NodeStatus>) -> NodeStatus {
     let m = inputs.machine;
     let mut capacity = BTreeMap::from([
         ("cpu".to_string(), m.cpus.to_string()),
@@ -212,6 +222,7 @@ pub fn status(inputs: &Inputs, previous: Option<&Value>) -> Value {
     );
     allocatable.insert("memory".into(), format!("{}Ki", memory / 1024));
     allocatable.insert("ephemeral-storage".into(), ephemeral.to_string());
+    let quantities = |m: BTreeMap<String, String>| m.into_iter().map(|(k, v)| (k, Quantity(v))).collect();
 
     let (ready, reason, message) = match &inputs.not_ready {
         None => ("True", "KubeletReady", "kubelet is posting ready status".to_string()),
@@ -230,83 +241,87 @@ pub fn status(inputs: &Inputs, previous: Option<&Value>) -> Value {
     ];
     let previous_transition = |kind: &str, status: &str| {
         previous?
-            .pointer("/conditions")?
-            .as_array()?
+            .conditions
+            .as_ref()?
             .iter()
-            .find(|c| c["type"] == kind && c["status"] == status)?
-            .get("lastTransitionTime")
-            .cloned()
+            .find(|c| c.type_ == kind && c.status == status)?
+            .last_transition_time
+            .clone()
     };
-    let conditions: Vec<Value> = conditions
+    let conditions = conditions
         .into_iter()
-        .map(|(kind, status, reason, message)| {
-            json!({
-                "type": kind,
-                "status": status,
-                "lastHeartbeatTime": inputs.now,
-                "lastTransitionTime": previous_transition(kind, status).unwrap_or_else(|| json!(inputs.now)),
-                "reason": reason,
-                "message": message,
-            })
+        .map(|(kind, status, reason, message)| NodeCondition {
+            type_: kind.into(),
+            status: status.into(),
+            last_heartbeat_time: Some(inputs.now.clone()),
+            last_transition_time: previous_transition(kind, status).or_else(|| Some(inputs.now.clone())),
+            reason: Some(reason.into()),
+            message: Some(message),
         })
         .collect();
 
+    let address = |type_: &str, address: String| NodeAddress { type_: type_.into(), address };
     let mut addresses = Vec::new();
     if let Some(ip) = inputs.node_ip {
-        addresses.push(json!({"type": "InternalIP", "address": ip.to_string()}));
+        addresses.push(address("InternalIP", ip.to_string()));
     }
-    addresses.push(json!({"type": "Hostname", "address": inputs.name}));
+    addresses.push(address("Hostname", inputs.name.into()));
 
     let mut images: Vec<&cri::Image> =
         inputs.images.iter().filter(|i| !i.repo_tags.is_empty() || !i.repo_digests.is_empty()).collect();
     images.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.id.cmp(&b.id)));
-    let images: Vec<Value> = images
+    let images = images
         .into_iter()
         .take(MAX_IMAGES)
-        .map(|i| json!({"names": i.repo_digests.iter().chain(&i.repo_tags).collect::<Vec<_>>(), "sizeBytes": i.size}))
+        .map(|i| ContainerImage {
+            names: Some(i.repo_digests.iter().chain(&i.repo_tags).cloned().collect()),
+            size_bytes: Some(i.size as i64),
+        })
         .collect();
 
-    json!({
-        "capacity": capacity,
-        "allocatable": allocatable,
-        "conditions": conditions,
-        "addresses": addresses,
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-        "nodeInfo": {
-            "machineID": m.machine_id,
-            "systemUUID": m.system_uuid,
-            "bootID": m.boot_id,
-            "kernelVersion": m.kernel,
-            "osImage": m.os_image,
-            "containerRuntimeVersion": inputs.runtime_version,
-            "kubeletVersion": format!("{}+cairn-{}", crate::api::KUBERNETES_VERSION, env!("CARGO_PKG_VERSION")),
-            "kubeProxyVersion": "",
-            "operatingSystem": "linux",
-            "architecture": architecture(),
-        },
-        "images": images,
-    })
+    NodeStatus {
+        capacity: Some(quantities(capacity)),
+        allocatable: Some(quantities(allocatable)),
+        conditions: Some(conditions),
+        addresses: Some(addresses),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint { port: i32::from(inputs.kubelet_port) }),
+        }),
+        node_info: Some(NodeSystemInfo {
+            machine_id: m.machine_id.clone(),
+            system_uuid: m.system_uuid.clone(),
+            boot_id: m.boot_id.clone(),
+            kernel_version: m.kernel.clone(),
+            os_image: m.os_image.clone(),
+            container_runtime_version: inputs.runtime_version.into(),
+            kubelet_version: format!("{}+cairn-{}", crate::api::KUBERNETES_VERSION, env!("CARGO_PKG_VERSION")),
+            kube_proxy_version: String::new(),
+            operating_system: "linux".into(),
+            architecture: architecture().into(),
+            ..Default::default()
+        }),
+        images: Some(images),
+        ..Default::default()
+    }
 }
 
 /// Whether two statuses differ in anything but heartbeat times (kubelet patches only then, or when
 /// the periodic report is due).
-pub fn changed(old: &Value, new: &Value) -> bool {
-    let strip = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {
-            for c in conds {
-                if let Some(c) = c.as_object_mut() {
-                    c.remove("lastHeartbeatTime");
-                }
-            }
+pub fn changed(old: &NodeStatus, new: &NodeStatus) -> bool {
+    let strip = |s: &NodeStatus| {
+        let mut s = s.clone();
+        for c in s.conditions.iter_mut().flatten() {
+            c.last_heartbeat_time = None;
         }
-        v
+        s
     };
     strip(old) != strip(new)
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
 
     fn machine() -> Machine {
@@ -321,18 +336,23 @@ mod tests {
         }
     }
 
-    fn inputs<'a>(m: &'a Machine, r: &'a Reserved, not_ready: Option<String>, now: &'a str) -> Inputs<'a> {
+    fn inputs<'a>(m: &'a Machine, r: &'a Reserved, not_ready: Option<String>, now: &str) -> Inputs<'a> {
         Inputs {
             name: "n1",
             machine: m,
             reserved: r,
             node_ip: Some("192.0.2.10".parse().unwrap()),
             pod_cidr: "10.42.0.0/24".parse().unwrap(),
+            kubelet_port: 10250,
             runtime_version: "containerd://1.6.20",
             not_ready,
             images: &[],
-            now,
+            now: Time(now.parse().unwrap()),
         }
+    }
+
+    fn value(s: &NodeStatus) -> Value {
+        serde_json::to_value(s).unwrap()
     }
 
     #[test]
@@ -351,7 +371,7 @@ mod tests {
     fn allocatable_subtracts_reservations_and_eviction_thresholds() {
         let m = machine();
         let r = Reserved::parse("cpu=500m,memory=1Gi,ephemeral-storage=10Gi").unwrap();
-        let s = status(&inputs(&m, &r, None, "2026-11-30T00:00:00Z"), None);
+        let s = value(&status(&inputs(&m, &r, None, "2026-11-30T00:00:00Z"), None));
         assert_eq!(s["capacity"]["cpu"], "4");
         assert_eq!(s["capacity"]["memory"], format!("{}Ki", 8 << 20));
         assert_eq!(s["capacity"]["pods"], "110");
@@ -363,16 +383,18 @@ mod tests {
         assert_eq!(s["allocatable"]["hugepages-2Mi"], "0");
         assert_eq!(s["nodeInfo"]["containerRuntimeVersion"], "containerd://1.6.20");
         assert_eq!(s["addresses"][0], json!({"type": "InternalIP", "address": "192.0.2.10"}));
+        assert_eq!(s["daemonEndpoints"], json!({"kubeletEndpoint": {"Port": 10250}}));
     }
 
     #[test]
     fn conditions_carry_upstream_reasons_and_keep_transition_times() {
         let (m, r) = (machine(), Reserved::default());
         let first = status(&inputs(&m, &r, None, "2026-11-30T00:00:00Z"), None);
-        let ready =
-            |s: &Value| s["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+        let ready = |s: &NodeStatus| {
+            value(s)["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone()
+        };
         assert_eq!(ready(&first)["reason"], "KubeletReady");
-        assert_eq!(first["conditions"][0]["reason"], "KubeletHasSufficientMemory");
+        assert_eq!(value(&first)["conditions"][0]["reason"], "KubeletHasSufficientMemory");
 
         let later = status(&inputs(&m, &r, None, "2026-11-30T00:00:10Z"), Some(&first));
         assert_eq!(ready(&later)["lastTransitionTime"], "2026-11-30T00:00:00Z");

@@ -10,23 +10,27 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Node, Pod, Secret};
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event, watcher};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::Backoff;
 use super::logs;
+use super::objects;
 use super::probes::{self, Kind, ProbeEvent, ProbeManager, What};
 use super::spec;
 use super::status::keys;
 use super::worker::{Update, Worker};
 use crate::cgroups;
 use crate::events::{EventType, ObjectRef, Recorder};
-use crate::registry::{Registry, Resource, StatusError};
 use crate::runtime::cri::{self, Cri, CriError};
 use crate::scheduler::types::{NodeFacts, PodInfo};
-use crate::store::{self, EventType as StoreEvent};
 use crate::volumes;
 
 /// How often the runtime is relisted (kubelet's PLEG period).
@@ -62,12 +66,10 @@ impl RuntimeHealth {
 
 /// What every worker shares.
 pub struct Ctx {
-    pub registry: Registry,
+    pub client: kube::Client,
     pub cri: Cri,
-    pub pods: Resource,
-    configmaps: Option<Resource>,
-    secrets: Option<Resource>,
-    nodes: Option<Resource>,
+    /// This node's Node object, as the watch of it has it.
+    node: Store<Node>,
     pub node_name: String,
     pub node_ip: Option<String>,
     /// `<data>/agent/pods`: one directory per pod UID (volumes, hosts file, termination logs).
@@ -83,7 +85,16 @@ pub struct Ctx {
     unhealthy: Mutex<HashMap<String, Kind>>,
     pub health: Arc<RuntimeHealth>,
     memory_capacity: u64,
-    allocatable: Mutex<Option<(std::time::Instant, crate::scheduler::types::Resources)>>,
+}
+
+/// Why a status write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The pod is gone from the API, or another pod of that name replaced it.
+    #[error("the pod is gone or was replaced")]
+    Gone,
+    #[error(transparent)]
+    Api(#[from] kube::Error),
 }
 
 /// Runs probe and hook commands through CRI ExecSync.
@@ -106,17 +117,6 @@ impl probes::Exec for CriExec {
             };
             Ok(probes::ExecOutput { exit_code: r.exit_code, stdout: r.stdout, stderr: r.stderr })
         })
-    }
-}
-
-impl volumes::Objects for Ctx {
-    fn config_map(&self, ns: &str, name: &str) -> Option<ConfigMap> {
-        let r = self.configmaps.as_ref()?;
-        serde_json::from_value(self.registry.get_value(r, Some(ns), name).ok()?).ok()
-    }
-    fn secret(&self, ns: &str, name: &str) -> Option<Secret> {
-        let r = self.secrets.as_ref()?;
-        serde_json::from_value(self.registry.get_value(r, Some(ns), name).ok()?).ok()
     }
 }
 
@@ -168,27 +168,27 @@ impl Ctx {
         self.pods_dir.join(spec::uid(pod))
     }
 
-    /// The node's allocatable resources as the Node object reports them.
-    fn node(&self) -> Option<Node> {
-        serde_json::from_value(self.registry.get_value(self.nodes.as_ref()?, None, &self.node_name).ok()?).ok()
+    /// This node's Node object, once it is registered.
+    fn node(&self) -> Option<Arc<Node>> {
+        self.node.get(&reflector::ObjectRef::new(&self.node_name))
     }
 
-    /// The Node's allocatable for the downward API's defaults, read at most every 10 s (reading the
-    /// Node object for every container start costs more than the start when many pods start at once).
+    /// The Node's allocatable for the downward API's defaults.
     fn node_resources(&self) -> volumes::NodeResources {
-        let mut cached = self.allocatable.lock().unwrap_or_else(|e| e.into_inner());
-        let fresh = cached.as_ref().is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(10));
-        if !fresh {
-            let allocatable = self.node().map(|n| NodeFacts::from_node(&n).allocatable).unwrap_or_default();
-            *cached = Some((std::time::Instant::now(), allocatable));
-        }
-        let allocatable = cached.as_ref().map(|(_, a)| a.clone()).unwrap_or_default();
+        let allocatable = self.node().map(|n| NodeFacts::from_node(&n).allocatable).unwrap_or_default();
         volumes::NodeResources {
             cpu_milli: allocatable.milli_cpu,
             memory_bytes: allocatable.memory,
             ephemeral_storage_bytes: allocatable.ephemeral_storage,
             service_account_token: None,
         }
+    }
+
+    /// The ConfigMaps and Secrets `wanted` refers to; the error is a message for the pod's event.
+    async fn objects(&self, pod: &Pod, wanted: objects::Wanted<'_>) -> Result<objects::Fetched, String> {
+        objects::fetch(&self.client, pod, &wanted)
+            .await
+            .map_err(|e| format!("reading the ConfigMaps and Secrets the pod refers to: {e}"))
     }
 
     /// Creates the pod's cgroup; returns the cgroup parent for its sandbox.
@@ -200,15 +200,17 @@ impl Ctx {
     }
 
     /// Sets up the pod's volumes; the error is the `FailedMount` event's message.
-    pub fn setup_volumes(&self, pod: &Pod) -> Result<volumes::Volumes, String> {
+    pub async fn setup_volumes(&self, pod: &Pod) -> Result<volumes::Volumes, String> {
+        let objects =
+            self.objects(pod, objects::Wanted { volumes: true, containers: &[], pull_secrets: false }).await?;
         let dir = self.pod_dir(pod);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        volumes::setup(pod, &dir, self, &self.node_resources()).map_err(|e| e.to_string())
+        volumes::setup(pod, &dir, &objects, &self.node_resources()).map_err(|e| e.to_string())
     }
 
     /// Environment, mounts and resources of one container; the error is its
     /// `CreateContainerConfigError` message.
-    pub fn container_inputs(
+    pub async fn container_inputs(
         &self,
         pod: &Pod,
         c: &Container,
@@ -216,8 +218,10 @@ impl Ctx {
         pod_ips: &[String],
         vols: &volumes::Volumes,
     ) -> Result<spec::ContainerInputs, String> {
+        let objects =
+            self.objects(pod, objects::Wanted { volumes: false, containers: &[c], pull_secrets: false }).await?;
         let (env, skipped) =
-            super::env::container_env(pod, c, self, &self.node_resources()).map_err(|e| e.to_string())?;
+            super::env::container_env(pod, c, &objects, &self.node_resources()).map_err(|e| e.to_string())?;
         for s in skipped {
             self.event(pod, EventType::Warning, super::env::INVALID_ENV_NAMES_REASON, s.message());
         }
@@ -252,11 +256,17 @@ impl Ctx {
 
     /// Registry credentials for `image` from the pod's `imagePullSecrets` (`.dockerconfigjson` or
     /// the older `.dockercfg`), as kubelet's keyring matches them: by registry host.
-    pub fn pull_auth(&self, pod: &Pod, image: &str) -> Option<cri::AuthConfig> {
+    pub async fn pull_auth(&self, pod: &Pod, image: &str) -> Option<cri::AuthConfig> {
         let host = image_registry(image);
         let secrets = pod.spec.as_ref()?.image_pull_secrets.clone().unwrap_or_default();
+        if secrets.is_empty() {
+            return None;
+        }
+        let wanted = objects::Wanted { volumes: false, containers: &[], pull_secrets: true };
+        let objects =
+            self.objects(pod, wanted).await.map_err(|e| tracing::warn!("pod {}: {e}", spec::full_name(pod))).ok()?;
         for name in secrets.iter().filter_map(|s| (!s.name.is_empty()).then_some(s.name.as_str())) {
-            let Some(secret) = volumes::Objects::secret(self, spec::namespace(pod), name) else { continue };
+            let Some(secret) = volumes::Objects::secret(&objects, spec::namespace(pod), name) else { continue };
             let data = secret.data.unwrap_or_default();
             let auths = if let Some(json) = data.get(".dockerconfigjson") {
                 serde_json::from_slice::<Value>(&json.0).ok().and_then(|v| v.get("auths").cloned())
@@ -282,32 +292,20 @@ impl Ctx {
         None
     }
 
-    /// Writes the pod's status if it is still the same pod (UID); returns the resourceVersion written.
-    pub async fn write_status(&self, pod: &Pod, status: Value) -> Result<u64, StatusError> {
-        let uid = spec::uid(pod).to_string();
-        let gr = crate::registry::GroupResource { group: String::new(), resource: "pods".into() };
-        let name = spec::name(pod).to_string();
-        let written = self
-            .registry
-            .modify(&self.pods, Some(spec::namespace(pod)), spec::name(pod), Some("status"), |cur| {
-                if cur.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid.as_str()) {
-                    return Err(StatusError::conflict(&gr, &name, "the pod was replaced (UID changed)"));
-                }
-                let mut pod = cur.clone();
-                let old = cur.get("status").cloned().unwrap_or(json!({}));
-                let mut merged = status.clone();
-                // Fields other components own (nominatedNodeName, resize, ...) stay.
-                if let (Some(m), Some(o)) = (merged.as_object_mut(), old.as_object()) {
-                    for (k, v) in o {
-                        m.entry(k.clone()).or_insert_with(|| v.clone());
-                    }
-                }
-                pod["status"] = merged;
-                Ok(pod)
-            })
-            .await?;
-        let meta: Value = serde_json::from_slice(&written.object).unwrap_or(Value::Null);
-        Ok(meta.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|v| v.parse().ok()).unwrap_or(0))
+    /// Writes the pod's status if it is still the same pod (UID); returns the resourceVersion
+    /// written. A merge patch, as kubelet's status manager sends (with the UID, which the API
+    /// refuses to change, so a replaced pod is left alone): fields other components own in the
+    /// status (nominatedNodeName, resize, ...) stay.
+    pub async fn write_status(&self, pod: &Pod, status: Value) -> Result<u64, WriteError> {
+        let patch = json!({"metadata": {"uid": spec::uid(pod)}, "status": status});
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), spec::namespace(pod));
+        match pods.patch_status(spec::name(pod), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(written) => Ok(written.metadata.resource_version.and_then(|v| v.parse().ok()).unwrap_or(0)),
+            Err(kube::Error::Api(s)) if s.code == 404 || (s.code == 422 && s.message.contains("metadata.uid")) => {
+                Err(WriteError::Gone)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// `SyncTerminatedPod`: the pod's volumes and cgroup go once its containers are stopped.
@@ -377,28 +375,32 @@ pub struct Pods {
 
 /// Starts the pod workers, PLEG, probe routing and housekeeping; they run until `shutdown`.
 pub fn start(
-    registry: Registry,
     client: kube::Client,
     cri: Cri,
     settings: Settings,
     health: Arc<RuntimeHealth>,
     shutdown: CancellationToken,
-) {
-    let Some(pods) = registry.find("", "v1", "pods") else {
-        tracing::error!("node agent: pods are not served; no pod workers");
-        return;
-    };
+) -> Arc<Pods> {
     let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let exec: Arc<dyn probes::Exec> = Arc::new(CriExec(cri.clone()));
     let agent_dir = settings.data_dir.join("agent");
+    let (node, writer) = reflector::store();
+    let own_node = watcher::Config::default().fields(&format!("metadata.name={}", settings.node_name));
+    let node_watch = reflector::reflector(writer, watcher(Api::<Node>::all(client.clone()), own_node))
+        .default_backoff()
+        .for_each(|_| std::future::ready(()));
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = node_watch => {}
+            _ = stop.cancelled() => {}
+        }
+    });
     let ctx = Arc::new(Ctx {
-        configmaps: registry.find("", "v1", "configmaps"),
-        secrets: registry.find("", "v1", "secrets"),
-        nodes: registry.find("", "v1", "nodes"),
-        recorder: Recorder::spawn(client, "kubelet".into(), settings.node_name.clone()),
-        registry,
+        recorder: Recorder::spawn(client.clone(), "kubelet".into(), settings.node_name.clone()),
+        client,
         cri,
-        pods,
+        node,
         node_name: settings.node_name,
         node_ip: settings.node_ip,
         pods_dir: agent_dir.join("pods"),
@@ -411,13 +413,13 @@ pub fn start(
         unhealthy: Mutex::new(HashMap::new()),
         health,
         memory_capacity: settings.memory_capacity,
-        allocatable: Mutex::new(None),
     });
     let manager = Arc::new(Pods { ctx, workers: Mutex::new(HashMap::new()), shutdown: shutdown.clone() });
     tokio::spawn(manager.clone().intake());
     tokio::spawn(manager.clone().relist());
     tokio::spawn(manager.clone().route_probes(probe_rx));
     tokio::spawn(manager.clone().rotate_logs());
+    manager
 }
 
 fn is_finished(pod: &Pod) -> bool {
@@ -429,54 +431,87 @@ impl Pods {
         self.workers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The pod `namespace/name` among this node's, as its worker has it (gone ones too, until
+    /// their worker ends).
+    pub fn find(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.workers().values().find_map(|h| match &*h.tx.borrow() {
+            Update::Pod(p) | Update::Removed(p) if spec::namespace(p) == namespace && spec::name(p) == name => {
+                Some((**p).clone())
+            }
+            _ => None,
+        })
+    }
+
+    /// Where the pod's container logs are.
+    pub fn log_dir(&self, pod: &Pod) -> PathBuf {
+        self.ctx.log_dir(pod)
+    }
+
     fn mine(&self, pod: &Pod) -> bool {
         pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.ctx.node_name.as_str())
     }
 
-    /// Follows the store's pods; reloads when the watch falls behind.
+    /// Follows the pods bound to this node (a watch with the `spec.nodeName` field selector, as
+    /// kubelet's). A relist is taken whole: its pods in creation order (admission order), and
+    /// workers of pods it no longer shows told they are gone.
     async fn intake(self: Arc<Self>) {
         let shutdown = self.shutdown.clone();
+        // Admission reads the Node: start once its watch has listed it.
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = self.ctx.node.wait_until_ready() => {}
+        }
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        'reload: loop {
-            let (listing, mut sub) = self.ctx.registry.store().list_and_watch("pods/");
-            let mut pods: Vec<Pod> =
-                listing.items.iter().filter_map(|(_, o)| serde_json::from_slice::<Pod>(&o.data).ok()).collect();
-            pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
-            let listed: HashSet<String> = pods.iter().map(|p| spec::uid(p).to_string()).collect();
-            for pod in pods.into_iter().filter(|p| self.mine(p)) {
-                self.on_pod(pod);
-            }
-            let gone: Vec<Pod> =
-                self.workers().iter().filter(|(u, _)| !listed.contains(*u)).filter_map(|(_, h)| h.pod()).collect();
-            for pod in gone {
-                self.on_removed(pod);
-            }
-            sub.skip_through(listing.revision);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = housekeeping.tick() => self.housekeeping().await,
-                    event = sub.next() => match event {
-                        Ok(e) if e.key.starts_with("pods/") => {
-                            let Ok(pod) = serde_json::from_slice::<Pod>(&e.object.data) else { continue };
-                            if e.kind == StoreEvent::Deleted {
-                                self.on_removed(pod);
-                            } else if self.mine(&pod) {
-                                self.on_pod(pod);
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(store::Error::TooOld { .. }) => {
-                            tracing::info!("node agent fell behind the pod watch; relisting");
-                            continue 'reload;
-                        }
-                        Err(e) => {
-                            tracing::warn!("node agent: pod watch ended: {e}");
-                            return;
-                        }
-                    },
+        // Housekeeping removes what no worker knows: never before the first listing made the workers.
+        let mut ready = false;
+        let mine = watcher::Config::default().fields(&format!("spec.nodeName={}", self.ctx.node_name));
+        let mut pods = std::pin::pin!(watcher(Api::<Pod>::all(self.ctx.client.clone()), mine).default_backoff());
+        let mut listing: Vec<Pod> = Vec::new();
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = housekeeping.tick(), if ready => {
+                    self.housekeeping().await;
+                    continue;
                 }
+                event = pods.next() => match event {
+                    Some(Ok(e)) => e,
+                    Some(Err(e)) => {
+                        tracing::debug!("node agent: pod watch: {e}");
+                        continue;
+                    }
+                    None => return,
+                },
+            };
+            match event {
+                Event::Init => listing.clear(),
+                Event::InitApply(pod) => listing.push(pod),
+                Event::InitDone => {
+                    let mut pods = std::mem::take(&mut listing);
+                    pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+                    let listed: HashSet<String> = pods.iter().map(|p| spec::uid(p).to_string()).collect();
+                    for pod in pods.into_iter().filter(|p| self.mine(p)) {
+                        self.on_pod(pod);
+                    }
+                    let gone: Vec<Pod> = self
+                        .workers()
+                        .iter()
+                        .filter(|(u, _)| !listed.contains(*u))
+                        .filter_map(|(_, h)| h.pod())
+                        .collect();
+                    for pod in gone {
+                        self.on_removed(pod);
+                    }
+                    if !ready {
+                        ready = true;
+                        self.housekeeping().await;
+                        housekeeping.reset();
+                    }
+                }
+                Event::Apply(pod) if self.mine(&pod) => self.on_pod(pod),
+                Event::Apply(_) => {}
+                Event::Delete(pod) => self.on_removed(pod),
             }
         }
     }
@@ -590,10 +625,9 @@ impl Pods {
                 json!({"phase": "Failed", "reason": reason, "message": format!("Pod was rejected: {message}")});
             for _ in 0..10 {
                 match ctx.write_status(&pod, status.clone()).await {
-                    Ok(_) => return,
-                    // Gone or replaced: nothing to reject any more.
-                    Err(e) if e.code == 404 || e.code == 409 => return,
-                    Err(e) => tracing::warn!("pod {}: writing status: {}", spec::full_name(&pod), e.message),
+                    // Written, or gone or replaced: nothing to reject any more.
+                    Ok(_) | Err(WriteError::Gone) => return,
+                    Err(e) => tracing::warn!("pod {}: writing status: {e}", spec::full_name(&pod)),
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }

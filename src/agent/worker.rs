@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodStatus};
+use kube::api::{Api, DeleteParams, Preconditions};
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -19,7 +20,6 @@ use super::probes::{Kind, Target};
 use super::spec;
 use super::status::{self, RuntimeContainer, RuntimePod, keys};
 use crate::events::EventType;
-use crate::registry::DeleteOptions;
 use crate::runtime::cri::{self, CriError};
 
 /// The sandbox containers are started in; its CRI config (which reads the node's resolver) is built
@@ -210,13 +210,18 @@ impl Worker {
             self.publish(&rt).await;
         }
         if deleting && !self.unpublished {
-            let opts =
-                DeleteOptions { grace_period_seconds: Some(0), uid: Some(self.uid.clone()), ..Default::default() };
-            match self.ctx.registry.delete(&self.ctx.pods, Some(spec::namespace(&pod)), spec::name(&pod), &opts).await {
+            // Grace 0 with a UID precondition: the pod object goes, not a successor of that name.
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions { uid: Some(self.uid.clone()), resource_version: None }),
+                ..Default::default()
+            };
+            let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), spec::namespace(&pod));
+            match pods.delete(spec::name(&pod), &params).await {
                 Ok(_) => {}
-                Err(e) if e.code == 404 || e.code == 409 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                 Err(e) => {
-                    tracing::warn!("pod {}: deleting: {}", spec::full_name(&pod), e.message);
+                    tracing::warn!("pod {}: deleting: {e}", spec::full_name(&pod));
                     self.due_at(Instant::now() + RETRY);
                 }
             }
@@ -334,7 +339,7 @@ impl Worker {
             anyhow::bail!("network is not ready: {problem}");
         }
         let cgroup_parent = self.ctx.ensure_pod_cgroup(&pod)?;
-        let volumes = match self.ctx.setup_volumes(&pod) {
+        let volumes = match self.ctx.setup_volumes(&pod).await {
             Ok(v) => v,
             Err(message) => {
                 self.event(EventType::Warning, crate::volumes::FAILED_MOUNT, message);
@@ -585,7 +590,7 @@ impl Worker {
             status.host_ip = self.ctx.node_ip.clone();
             status.host_ips = self.ctx.node_ip.clone().map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]);
         }
-        let config = match self.ctx.container_inputs(&pod_with_ips, c, restart_count, pod_ips, volumes) {
+        let config = match self.ctx.container_inputs(&pod_with_ips, c, restart_count, pod_ips, volumes).await {
             Ok(inputs) => spec::container_config(pod, c, inputs),
             Err(message) => {
                 self.waiting.insert(c.name.clone(), ("CreateContainerConfigError".into(), message.clone()));
@@ -698,7 +703,7 @@ impl Worker {
         }
         self.event(EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
         let started = Instant::now();
-        let auth = self.ctx.pull_auth(pod, &image);
+        let auth = self.ctx.pull_auth(pod, &image).await;
         let pull = self.ctx.cri.pull_image(cri::PullImageRequest { image: spec(), auth, ..Default::default() });
         // A pull can take minutes: a deletion meanwhile abandons it (the runtime finishes or drops it).
         let pulled = tokio::select! {
@@ -920,7 +925,7 @@ impl Worker {
                 self.unpublished = false;
             }
             Err(e) => {
-                tracing::warn!("pod {}: writing status: {}", spec::full_name(&self.pod), e.message);
+                tracing::warn!("pod {}: writing status: {e}", spec::full_name(&self.pod));
                 self.unpublished = true;
                 self.due_at(Instant::now() + RETRY);
             }

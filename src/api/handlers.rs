@@ -217,7 +217,7 @@ async fn serve(state: &AppState, method: Method, uri: Uri, headers: HeaderMap, b
             Ok(codec::object(&t.resource, StatusCode::OK, format, obj, &[]))
         }
         (&Method::GET, Some(name), Some("log")) => {
-            super::logs::pod_log(state, t.namespace.as_deref().unwrap_or_default(), name, &query.0)
+            super::logs::pod_log(state, t.namespace.as_deref().unwrap_or_default(), name, &query.0).await
         }
         (&Method::POST, None, None) => create(state, t, &query, &headers, &body).await,
         (&Method::POST, Some(name), Some("binding")) => bind(state, t, name, &headers, &body).await,

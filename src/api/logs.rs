@@ -1,16 +1,14 @@
-//! `GET /api/v1/namespaces/{ns}/pods/{name}/log`: a container's log, read from the CRI log files the
-//! node agent keeps, with kubelet's rules for choosing the container (`validateContainerLogStatus`).
-
-use std::path::PathBuf;
+//! `GET /api/v1/namespaces/{ns}/pods/{name}/log`, as kube-apiserver serves it: the options are
+//! validated and the container chosen here (`pod.LogLocation`), then the request goes to the node
+//! endpoint of the pod's node (`containerLogs`), whose answer is streamed back.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
-use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::AppState;
-use crate::agent::logs::{self, LogOptions, LogOptionsError};
+use crate::agent::logs::{LogOptions, LogOptionsError};
 use crate::agent::spec;
 use crate::registry::StatusError;
 
@@ -60,78 +58,37 @@ fn container_name(pod: &Pod, asked: Option<&str>) -> Result<String> {
     Ok(chosen)
 }
 
-fn status_of<'a>(pod: &'a Pod, container: &str) -> Option<&'a ContainerStatus> {
-    let status = pod.status.as_ref()?;
-    status
-        .container_statuses
-        .iter()
-        .chain(status.init_container_statuses.iter())
-        .flatten()
-        .find(|s| s.name == container)
-}
-
-/// Which run of the container to read (its restart count names the log file), as kubelet picks it:
-/// the running or finished one; while it waits to restart, the last one that ran; `previous` asks
-/// for the run before.
-fn which_run(pod: &Pod, container: &str, previous: bool) -> Result<i32> {
-    let name = spec::name(pod);
-    let status = status_of(pod, container);
-    let state = status.and_then(|s| s.state.clone()).unwrap_or_default();
-    let last_ran = status.and_then(|s| s.last_state.as_ref()).and_then(|l| l.terminated.as_ref()).is_some();
-    let count = status.map_or(0, |s| s.restart_count);
-    if previous {
-        if !last_ran {
-            return Err(StatusError::bad_request(format!(
-                "previous terminated container \"{container}\" in pod \"{name}\" not found"
-            )));
-        }
-        // While waiting, lastState is the newest run; otherwise the one before the current.
-        return Ok(if state.waiting.is_some() { count } else { count - 1 });
-    }
-    if state.running.is_some() || state.terminated.is_some() || (state.waiting.is_some() && last_ran) {
-        return Ok(count);
-    }
-    let reason = state.waiting.and_then(|w| w.reason).unwrap_or_else(|| "ContainerCreating".into());
-    Err(StatusError::bad_request(format!("container \"{container}\" in pod \"{name}\" is waiting to start: {reason}")))
-}
-
-pub fn pod_log(state: &AppState, ns: &str, name: &str, query: &[(String, String)]) -> Result<Response> {
+pub async fn pod_log(state: &AppState, ns: &str, name: &str, query: &[(String, String)]) -> Result<Response> {
     let pod = get_pod(state, ns, name)?;
-    let opts = LogOptions::from_query(query, chrono::Utc::now()).map_err(|e| match e {
+    LogOptions::from_query(query, chrono::Utc::now()).map_err(|e| match e {
         LogOptionsError::BadRequest(message) => StatusError::bad_request(message),
         LogOptionsError::Invalid(errs) => StatusError::invalid("PodLogOptions", "", name, &errs),
     })?;
-    let container = container_name(&pod, opts.container.as_deref())?;
-    let Some(root) = state.pod_logs.get() else {
-        return Err(StatusError::bad_request(format!(
-            "no node agent runs in this server (--disable-agent): the logs of pod {name} are not available"
-        )));
+    let asked = query.iter().find(|(k, _)| k == "container").map(|(_, v)| v.as_str());
+    let container = container_name(&pod, asked)?;
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
+    let text = |body: Body| {
+        let mut resp = Response::new(body);
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        resp
     };
-    let run = which_run(&pod, &container, opts.previous)?;
-    let path: PathBuf = spec::log_dir(root, &pod).join(spec::log_path(&container, run));
-    if !path.exists() {
-        return Err(StatusError::bad_request(format!(
-            "the log of container \"{container}\" in pod \"{name}\" is not available (it may have been removed)"
-        )));
+    // A pod not yet placed has no log (upstream answers an empty one).
+    if node.is_empty() {
+        return Ok(text(Body::empty()));
     }
-    // Following ends once that run of the container is no longer running.
-    let (registry, pods) = (state.registry.clone(), state.registry.find("", "v1", "pods"));
-    let (ns, name, uid) = (ns.to_string(), name.to_string(), spec::uid(&pod).to_string());
-    let container_id = status_of(&pod, &container).and_then(|s| s.container_id.clone());
-    let previous = opts.previous;
-    let alive = move || {
-        // A previous run has ended already.
-        let Some(pods) = pods.as_ref().filter(|_| !previous) else { return false };
-        let Ok(current) = registry.get_value(pods, Some(&ns), &name) else { return false };
-        let Ok(current) = serde_json::from_value::<Pod>(current) else { return false };
-        spec::uid(&current) == uid
-            && status_of(&current, &container).is_some_and(|s| {
-                s.container_id == container_id && s.state.as_ref().is_some_and(|st| st.running.is_some())
-            })
+    let Some(nodes) = state.node_client.get() else {
+        return Err(StatusError::service_unavailable("this server does not reach node endpoints"));
     };
-    let stream = logs::read(path, opts, alive);
-    let mut resp = Response::new(Body::from_stream(stream.boxed()));
-    *resp.status_mut() = StatusCode::OK;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    Ok(resp)
+    let path = {
+        let mut params = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in query.iter().filter(|(k, _)| k != "container") {
+            params.append_pair(k, v);
+        }
+        let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        format!("/containerLogs/{}/{}/{}?{}", enc(ns), enc(name), enc(&container), params.finish())
+    };
+    let resp = nodes.get(&state.registry, node, &path).await?;
+    let mut out = text(Body::new(resp.into_body()));
+    *out.status_mut() = StatusCode::OK;
+    Ok(out)
 }

@@ -7,6 +7,7 @@ mod codec;
 mod discovery;
 mod handlers;
 mod logs;
+pub mod node_client;
 pub mod openapi;
 pub mod pki;
 pub mod protobuf;
@@ -46,7 +47,7 @@ pub struct InProcess(pub User);
 
 /// The identity from the TLS client certificate of the connection, if any.
 #[derive(Debug, Clone)]
-struct PeerCert(Option<User>);
+pub(crate) struct PeerCert(pub Option<User>);
 
 /// Bearer tokens accepted, each mapped to a user.
 #[derive(Clone, Default)]
@@ -76,8 +77,8 @@ pub struct AppState {
     pub server_address: String,
     /// Set once start-up has finished; `/readyz` answers 503 before.
     pub ready: AtomicBool,
-    /// Where this node's container logs are (`<data>/agent/logs/pods`), when the agent runs here.
-    pub pod_logs: OnceLock<std::path::PathBuf>,
+    /// How node endpoints are called (`pods/log`); set once the certificates are loaded.
+    pub node_client: OnceLock<node_client::NodeClient>,
     openapi: OnceLock<OpenApiDocs>,
 }
 
@@ -97,7 +98,7 @@ impl AppState {
             tokens,
             server_address,
             ready: AtomicBool::new(false),
-            pod_logs: OnceLock::new(),
+            node_client: OnceLock::new(),
             openapi: OnceLock::new(),
         }
     }

@@ -1,7 +1,10 @@
-//! Certificates and credentials for the API server.
+//! Certificates and credentials for the API server and the node endpoint.
 //!
 //! [`Pki`] owns a directory holding a self-signed cluster CA, the serving
-//! certificate of the API server and the `system:admin` client certificate. It
+//! certificate of the API server, the `system:admin` client certificate, and
+//! the node endpoint's pair (k3s's `serving-kubelet.crt`, and the client
+//! certificate the API server calls it with, kubeadm's
+//! `apiserver-kubelet-client.crt`). It
 //! creates what is missing, re-issues leaf certificates that are close to expiry,
 //! corrupt, not issued by the CA or (serving certificate) missing a wanted
 //! subject alternative name, and hot-swaps the serving certificate of running
@@ -49,6 +52,8 @@ const CA_CERT: &str = "server-ca.crt";
 const CA_KEY: &str = "server-ca.key";
 const ADMIN_USER: &str = "system:admin";
 const ADMIN_GROUP: &str = "system:masters";
+/// The identity the API server calls node endpoints as (kubeadm's); the only one they serve.
+pub const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
 
 /// Errors raised while loading, issuing or writing TLS material.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +121,10 @@ impl Leaf {
 enum LeafKind {
     Serving,
     Admin,
+    /// The node endpoint's serving certificate.
+    KubeletServing,
+    /// The API server's client certificate for node endpoints.
+    KubeletClient,
 }
 
 impl LeafKind {
@@ -123,21 +132,38 @@ impl LeafKind {
         match self {
             Self::Serving => "serving certificate",
             Self::Admin => "admin client certificate",
+            Self::KubeletServing => "node endpoint serving certificate",
+            Self::KubeletClient => "node endpoint client certificate",
+        }
+    }
+
+    fn file(self) -> &'static str {
+        match self {
+            Self::Serving => "serving",
+            Self::Admin => "client-admin",
+            Self::KubeletServing => "serving-kubelet",
+            Self::KubeletClient => "client-kube-apiserver-kubelet",
         }
     }
 
     fn cert_path(self, dir: &Path) -> PathBuf {
-        dir.join(match self {
-            Self::Serving => "serving.crt",
-            Self::Admin => "client-admin.crt",
-        })
+        dir.join(format!("{}.crt", self.file()))
     }
 
     fn key_path(self, dir: &Path) -> PathBuf {
-        dir.join(match self {
-            Self::Serving => "serving.key",
-            Self::Admin => "client-admin.key",
-        })
+        dir.join(format!("{}.key", self.file()))
+    }
+
+    fn is_serving(self) -> bool {
+        matches!(self, Self::Serving | Self::KubeletServing)
+    }
+
+    /// The subject of a client certificate.
+    fn client_subject(self) -> (&'static str, Option<&'static str>) {
+        match self {
+            Self::KubeletClient => (KUBELET_CLIENT_USER, None),
+            _ => (ADMIN_USER, Some(ADMIN_GROUP)),
+        }
     }
 }
 
@@ -145,9 +171,13 @@ impl LeafKind {
 pub struct Pki {
     dir: PathBuf,
     sans: Vec<SanType>,
+    /// The node endpoint's SANs: loopback, the hostname and the node's addresses.
+    kubelet_sans: Vec<SanType>,
     ca: Ca,
     admin: RwLock<Leaf>,
     resolver: Arc<ServingCertResolver>,
+    kubelet_resolver: Arc<ServingCertResolver>,
+    kubelet_client: RwLock<Leaf>,
     renewal: Mutex<()>,
 }
 
@@ -166,12 +196,27 @@ impl Pki {
     /// every entry of `tls_sans` (IP address or DNS name).
     pub fn load_or_create(dir: &Path, hostname: &str, node_ips: &[IpAddr], tls_sans: &[String]) -> Result<Self> {
         let sans = wanted_sans(hostname, node_ips, tls_sans)?;
+        let kubelet_sans = kubelet_sans(hostname, node_ips)?;
         create_private_dir(dir)?;
         let (ca, ca_created) = load_or_create_ca(dir)?;
         let (serving, _) = check_or_issue(dir, &ca, LeafKind::Serving, &sans, ca_created)?;
         let (admin, _) = check_or_issue(dir, &ca, LeafKind::Admin, &[], ca_created)?;
-        let resolver = Arc::new(ServingCertResolver::new(certified_key(dir, &serving)?));
-        Ok(Self { dir: dir.to_path_buf(), sans, ca, admin: RwLock::new(admin), resolver, renewal: Mutex::new(()) })
+        let (kubelet_serving, _) = check_or_issue(dir, &ca, LeafKind::KubeletServing, &kubelet_sans, ca_created)?;
+        let (kubelet_client, _) = check_or_issue(dir, &ca, LeafKind::KubeletClient, &[], ca_created)?;
+        let resolver = Arc::new(ServingCertResolver::new(certified_key(dir, LeafKind::Serving, &serving)?));
+        let kubelet_resolver =
+            Arc::new(ServingCertResolver::new(certified_key(dir, LeafKind::KubeletServing, &kubelet_serving)?));
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            sans,
+            kubelet_sans,
+            ca,
+            admin: RwLock::new(admin),
+            resolver,
+            kubelet_resolver,
+            kubelet_client: RwLock::new(kubelet_client),
+            renewal: Mutex::new(()),
+        })
     }
 
     /// Re-checks the leaf certificates on disk and re-issues those that need it,
@@ -181,11 +226,21 @@ impl Pki {
         let _guard = self.renewal.lock().unwrap_or_else(PoisonError::into_inner);
         let (serving, serving_renewed) = check_or_issue(&self.dir, &self.ca, LeafKind::Serving, &self.sans, false)?;
         let (admin, admin_renewed) = check_or_issue(&self.dir, &self.ca, LeafKind::Admin, &[], false)?;
+        let (kubelet_serving, kubelet_serving_renewed) =
+            check_or_issue(&self.dir, &self.ca, LeafKind::KubeletServing, &self.kubelet_sans, false)?;
+        let (kubelet_client, kubelet_client_renewed) =
+            check_or_issue(&self.dir, &self.ca, LeafKind::KubeletClient, &[], false)?;
         if serving_renewed {
-            self.resolver.set(certified_key(&self.dir, &serving)?);
+            self.resolver.set(certified_key(&self.dir, LeafKind::Serving, &serving)?);
         }
         if admin_renewed {
             *self.admin.write().unwrap_or_else(PoisonError::into_inner) = admin;
+        }
+        if kubelet_serving_renewed {
+            self.kubelet_resolver.set(certified_key(&self.dir, LeafKind::KubeletServing, &kubelet_serving)?);
+        }
+        if kubelet_client_renewed {
+            *self.kubelet_client.write().unwrap_or_else(PoisonError::into_inner) = kubelet_client;
         }
         Ok(serving_renewed || admin_renewed)
     }
@@ -226,6 +281,32 @@ impl Pki {
     /// `http/1.1`, optional client certificates that must chain to the CA, and
     /// the hot-swappable serving certificate.
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
+        self.tls_server(self.resolver.clone(), "selecting TLS versions for the API server")
+    }
+
+    /// TLS configuration for the node endpoint: as the API server's, with its own certificate.
+    pub fn kubelet_server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
+        self.tls_server(self.kubelet_resolver.clone(), "selecting TLS versions for the node endpoint")
+    }
+
+    /// TLS configuration the API server calls node endpoints with: the cluster CA as the only
+    /// trust anchor, and the current node endpoint client certificate.
+    pub fn kubelet_client_config(&self) -> Result<Arc<rustls::ClientConfig>> {
+        let leaf = self.kubelet_client.read().unwrap_or_else(PoisonError::into_inner);
+        let path = LeafKind::KubeletClient.cert_path(&self.dir);
+        let unusable = |reason: String| Error::Unusable { path: path.clone(), reason };
+        let (cert, key) = (leaf.cert_der().map_err(unusable)?, leaf.key_der().map_err(unusable)?);
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|cause| Error::Tls { step: "selecting TLS versions for node endpoint calls", cause })?
+            .with_root_certificates(self.ca.roots.clone())
+            .with_client_auth_cert(vec![cert], key)
+            .map_err(|cause| Error::Tls { step: "loading the node endpoint client certificate", cause })?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    fn tls_server(&self, resolver: Arc<ServingCertResolver>, step: &'static str) -> Result<Arc<rustls::ServerConfig>> {
         let provider = provider();
         let verifier = WebPkiClientVerifier::builder_with_provider(self.ca.roots.clone(), provider.clone())
             .allow_unauthenticated()
@@ -233,9 +314,9 @@ impl Pki {
             .map_err(|cause| Error::Verifier { path: self.ca.path.clone(), cause })?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|cause| Error::Tls { step: "selecting TLS versions for the API server", cause })?
+            .map_err(|cause| Error::Tls { step, cause })?
             .with_client_cert_verifier(verifier)
-            .with_cert_resolver(self.resolver.clone());
+            .with_cert_resolver(resolver);
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
@@ -353,6 +434,20 @@ fn wanted_sans(hostname: &str, node_ips: &[IpAddr], tls_sans: &[String]) -> Resu
     let ips = node_ips.iter().map(|ip| Ok(SanType::IpAddress(*ip)));
     let named = names.into_iter().chain(tls_sans.iter().map(String::as_str));
     for san in named.filter_map(parse_san).chain(ips) {
+        let san = san?;
+        if !sans.contains(&san) {
+            sans.push(san);
+        }
+    }
+    Ok(sans)
+}
+
+/// The SANs of the node endpoint's certificate: loopback, the hostname and the node's addresses
+/// (the API server reaches its own node on loopback, another by its InternalIP).
+fn kubelet_sans(hostname: &str, node_ips: &[IpAddr]) -> Result<Vec<SanType>> {
+    let mut sans: Vec<SanType> = Vec::new();
+    let ips = node_ips.iter().map(|ip| Ok(SanType::IpAddress(*ip)));
+    for san in ["localhost", "127.0.0.1", "::1", hostname].into_iter().filter_map(parse_san).chain(ips) {
         let san = san?;
         if !sans.contains(&san) {
             sans.push(san);
@@ -552,19 +647,17 @@ fn check_leaf(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType]) -> Result<L
     if expires.timestamp() < (OffsetDateTime::now_utc() + RENEW_BEFORE).unix_timestamp() {
         return Err(format!("it expires at {expires}, within {} days", RENEW_BEFORE.whole_days()));
     }
-    match kind {
-        LeafKind::Serving => {
-            let present = cert_sans(&cert);
-            let missing: Vec<String> = sans.iter().filter(|san| !present.contains(san)).map(san_to_string).collect();
-            if !missing.is_empty() {
-                return Err(format!("it does not cover {}", missing.join(", ")));
-            }
+    if kind.is_serving() {
+        let present = cert_sans(&cert);
+        let missing: Vec<String> = sans.iter().filter(|san| !present.contains(san)).map(san_to_string).collect();
+        if !missing.is_empty() {
+            return Err(format!("it does not cover {}", missing.join(", ")));
         }
-        LeafKind::Admin => {
-            let wanted = (ADMIN_USER.to_owned(), vec![ADMIN_GROUP.to_owned()]);
-            if client_identity(std::slice::from_ref(&cert_der)) != Some(wanted) {
-                return Err(format!("its subject is not {ADMIN_USER} in {ADMIN_GROUP}"));
-            }
+    } else {
+        let (user, group) = kind.client_subject();
+        let wanted = (user.to_owned(), group.into_iter().map(str::to_owned).collect());
+        if client_identity(std::slice::from_ref(&cert_der)) != Some(wanted) {
+            return Err(format!("its subject is not {user}{}", group.map(|g| format!(" in {g}")).unwrap_or_default()));
         }
     }
     verify_leaf(ca, kind, &cert_der).map_err(|e| format!("it does not verify against the cluster CA: {e}"))?;
@@ -575,14 +668,14 @@ fn check_leaf(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType]) -> Result<L
 fn verify_leaf(ca: &Ca, kind: LeafKind, cert: &CertificateDer<'_>) -> Result<(), String> {
     let now = UnixTime::now();
     match kind {
-        LeafKind::Serving => {
+        LeafKind::Serving | LeafKind::KubeletServing => {
             let verifier = WebPkiServerVerifier::builder_with_provider(ca.roots.clone(), provider())
                 .build()
                 .map_err(|e| e.to_string())?;
             let name = ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
             verifier.verify_server_cert(cert, &[], &name, &[], now).map(drop)
         }
-        LeafKind::Admin => {
+        LeafKind::Admin | LeafKind::KubeletClient => {
             let verifier = WebPkiClientVerifier::builder_with_provider(ca.roots.clone(), provider())
                 .build()
                 .map_err(|e| e.to_string())?;
@@ -621,16 +714,14 @@ fn issue_leaf(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType], validity: t
     params.not_after = now + validity;
     params.use_authority_key_identifier_extension = true;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    match kind {
-        LeafKind::Serving => {
-            params.distinguished_name = dn("cairn", Some("cairn"));
-            params.subject_alt_names = sans.to_vec();
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        }
-        LeafKind::Admin => {
-            params.distinguished_name = dn(ADMIN_USER, Some(ADMIN_GROUP));
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        }
+    if kind.is_serving() {
+        params.distinguished_name = dn("cairn", Some("cairn"));
+        params.subject_alt_names = sans.to_vec();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    } else {
+        let (user, group) = kind.client_subject();
+        params.distinguished_name = dn(user, group);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     }
     let cert = params.signed_by(&key, &ca.issuer).map_err(|cause| Error::Generate {
         what: kind.describe(),
@@ -645,10 +736,10 @@ fn write_leaf(dir: &Path, kind: LeafKind, leaf: &Leaf) -> Result<()> {
     write_atomic(&kind.cert_path(dir), 0o644, leaf.cert_pem.as_bytes())
 }
 
-fn certified_key(dir: &Path, leaf: &Leaf) -> Result<CertifiedKey> {
+fn certified_key(dir: &Path, kind: LeafKind, leaf: &Leaf) -> Result<CertifiedKey> {
     let unusable = |path: PathBuf, reason: String| Error::Unusable { path, reason };
-    let cert = leaf.cert_der().map_err(|e| unusable(LeafKind::Serving.cert_path(dir), e))?;
-    let key = leaf.key_der().map_err(|e| unusable(LeafKind::Serving.key_path(dir), e))?;
+    let cert = leaf.cert_der().map_err(|e| unusable(kind.cert_path(dir), e))?;
+    let key = leaf.key_der().map_err(|e| unusable(kind.key_path(dir), e))?;
     CertifiedKey::from_der(vec![cert], key, &provider())
         .map_err(|cause| Error::Tls { step: "loading the serving certificate and key", cause })
 }

@@ -186,4 +186,30 @@ impl StatusError {
     pub fn internal(message: impl fmt::Display) -> Self {
         Self::new(500, "InternalError", format!("Internal error occurred: {message}"))
     }
+
+    pub fn service_unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
+    }
+
+    /// A node endpoint's error answer passed on (upstream's `NewGenericServerResponse`): its code,
+    /// the reason for that code, and its text as the message.
+    pub fn from_node(code: u16, text: String) -> Self {
+        let reason = match code {
+            400 => "BadRequest",
+            401 => "Unauthorized",
+            403 => "Forbidden",
+            404 => "NotFound",
+            409 => "Conflict",
+            429 => "TooManyRequests",
+            503 => "ServiceUnavailable",
+            504 => "Timeout",
+            _ => "InternalError",
+        };
+        let text = if text.is_empty() {
+            format!("the server responded with the status code {code} but did not return more information")
+        } else {
+            text
+        };
+        Self::new(code, reason, text)
+    }
 }

@@ -391,19 +391,6 @@ impl Registry {
         self.guaranteed_update(r, ns, name, wanted_rv, subresource, opts, |_| Ok(new.clone())).await
     }
 
-    /// Read-modify-write for in-process callers: `mutate` gets the current object and returns the
-    /// new one (or an error to give up); retried on conflicts. A no-op writes nothing.
-    pub async fn modify(
-        &self,
-        r: &Resource,
-        ns: Option<&str>,
-        name: &str,
-        subresource: Option<&str>,
-        mutate: impl FnMut(&Value) -> Result<Value>,
-    ) -> Result<Written> {
-        self.guaranteed_update(r, ns, name, None, subresource, &WriteOptions::default(), mutate).await
-    }
-
     /// PATCH in any of the three patch formats.
     #[allow(clippy::too_many_arguments)]
     pub async fn patch(

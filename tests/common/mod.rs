@@ -52,6 +52,8 @@ impl Server {
             .arg(&kubeconfig)
             // Only tests of the node agent run it: it needs root and containerd.
             .args((!extra.iter().any(|a| a.starts_with("--disable-agent"))).then_some("--disable-agent"))
+            // Clusters of parallel tests each take a free port for their node endpoint.
+            .args((!extra.contains(&"--kubelet-port")).then_some(["--kubelet-port", "0"]).into_iter().flatten())
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)

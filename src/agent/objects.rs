@@ -1,0 +1,126 @@
+//! The ConfigMaps and Secrets one pod refers to, read through the client when its volumes or a
+//! container are set up (kubelet's configmap and secret managers with the `Get` strategy): each
+//! sync sees the objects as they are now, and a pod that refers to none costs no request.
+
+use std::collections::{BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use kube::Api;
+
+use crate::volumes::Objects;
+
+/// The objects a pod refers to, fetched; a missing one is absent.
+#[derive(Default)]
+pub struct Fetched {
+    config_maps: HashMap<String, ConfigMap>,
+    secrets: HashMap<String, Secret>,
+}
+
+impl Objects for Fetched {
+    fn config_map(&self, _ns: &str, name: &str) -> Option<ConfigMap> {
+        self.config_maps.get(name).cloned()
+    }
+    fn secret(&self, _ns: &str, name: &str) -> Option<Secret> {
+        self.secrets.get(name).cloned()
+    }
+}
+
+/// What to fetch: the volumes' sources (`containers: None`), or those of the given containers'
+/// `env` and `envFrom`, and the pod's `imagePullSecrets` (`pull_secrets`).
+pub struct Wanted<'a> {
+    pub volumes: bool,
+    pub containers: &'a [&'a Container],
+    pub pull_secrets: bool,
+}
+
+/// The names of the ConfigMaps and Secrets `wanted` refers to.
+fn referenced(pod: &Pod, wanted: &Wanted) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
+    let Some(spec) = pod.spec.as_ref() else { return (cms, secrets) };
+    if wanted.volumes {
+        for v in spec.volumes.iter().flatten() {
+            cms.extend(v.config_map.as_ref().map(|c| c.name.clone()));
+            secrets.extend(v.secret.as_ref().and_then(|s| s.secret_name.clone()));
+            for source in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+                cms.extend(source.config_map.as_ref().map(|c| c.name.clone()));
+                secrets.extend(source.secret.as_ref().map(|s| s.name.clone()));
+            }
+        }
+    }
+    for c in wanted.containers {
+        for from in c.env_from.iter().flatten() {
+            cms.extend(from.config_map_ref.as_ref().map(|r| r.name.clone()));
+            secrets.extend(from.secret_ref.as_ref().map(|r| r.name.clone()));
+        }
+        for source in c.env.iter().flatten().filter_map(|e| e.value_from.as_ref()) {
+            cms.extend(source.config_map_key_ref.as_ref().map(|r| r.name.clone()));
+            secrets.extend(source.secret_key_ref.as_ref().map(|r| r.name.clone()));
+        }
+    }
+    if wanted.pull_secrets {
+        secrets.extend(spec.image_pull_secrets.iter().flatten().map(|s| s.name.clone()));
+    }
+    cms.retain(|n| !n.is_empty());
+    secrets.retain(|n| !n.is_empty());
+    (cms, secrets)
+}
+
+/// Reads what `wanted` refers to in the pod's namespace. A read that fails for another reason than
+/// absence is an error: the sync is retried rather than run on a partial picture.
+pub async fn fetch(client: &kube::Client, pod: &Pod, wanted: &Wanted<'_>) -> Result<Fetched, kube::Error> {
+    let (cm_names, secret_names) = referenced(pod, wanted);
+    let mut out = Fetched::default();
+    if cm_names.is_empty() && secret_names.is_empty() {
+        return Ok(out);
+    }
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let (found_cms, found_secrets) = futures::join!(
+        futures::future::try_join_all(cm_names.iter().map(|n| cms.get_opt(n))),
+        futures::future::try_join_all(secret_names.iter().map(|n| secrets.get_opt(n))),
+    );
+    for (name, cm) in cm_names.into_iter().zip(found_cms?) {
+        out.config_maps.extend(cm.map(|cm| (name, cm)));
+    }
+    for (name, s) in secret_names.into_iter().zip(found_secrets?) {
+        out.secrets.extend(s.map(|s| (name, s)));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn references_come_from_volumes_env_and_pull_secrets() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "imagePullSecrets": [{"name": "pull"}],
+                "volumes": [
+                    {"name": "a", "configMap": {"name": "cm-vol"}},
+                    {"name": "b", "secret": {"secretName": "secret-vol"}},
+                    {"name": "c", "projected": {"sources": [{"configMap": {"name": "cm-proj"}}, {"secret": {"name": "secret-proj"}}]}},
+                ],
+                "containers": [{
+                    "name": "c",
+                    "envFrom": [{"configMapRef": {"name": "cm-from"}}, {"secretRef": {"name": "secret-from"}}],
+                    "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "secret-key", "key": "k"}}}],
+                }],
+            }
+        }))
+        .unwrap();
+        let names = |s: BTreeSet<String>| s.into_iter().collect::<Vec<_>>();
+        let (cms, secrets) = referenced(&pod, &Wanted { volumes: true, containers: &[], pull_secrets: false });
+        assert_eq!(names(cms), ["cm-proj", "cm-vol"]);
+        assert_eq!(names(secrets), ["secret-proj", "secret-vol"]);
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        let (cms, secrets) = referenced(&pod, &Wanted { volumes: false, containers: &[c], pull_secrets: true });
+        assert_eq!(names(cms), ["cm-from"]);
+        assert_eq!(names(secrets), ["pull", "secret-from", "secret-key"]);
+    }
+}

@@ -1,0 +1,107 @@
+//! Calls from the API server to node endpoints (the kubelet API every node serves on its
+//! `status.daemonEndpoints.kubeletEndpoint.Port`), as kube-apiserver makes them for `pods/log`:
+//! HTTPS verified against the cluster CA, with the API server's own client certificate. The node
+//! this process runs is reached on loopback; another by its address (k3s's preferred order:
+//! InternalIP, ExternalIP, Hostname).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Node;
+use rustls::pki_types::ServerName;
+
+use super::pki::Pki;
+use crate::registry::{Registry, StatusError};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most of a node's error answer that is read into the Status message.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+pub struct NodeClient {
+    pki: Arc<Pki>,
+    /// The node whose agent runs in this process, when one does.
+    local_node: OnceLock<String>,
+}
+
+type Result<T> = std::result::Result<T, StatusError>;
+
+impl NodeClient {
+    pub fn new(pki: Arc<Pki>) -> Self {
+        Self { pki, local_node: OnceLock::new() }
+    }
+
+    /// Marks `node` as the one this process runs (reached on loopback).
+    pub fn set_local_node(&self, node: &str) {
+        let _ = self.local_node.set(node.to_string());
+    }
+
+    /// `GET path_and_query` on `node`'s endpoint. A 200 answer is returned to stream on; any other
+    /// becomes a Status with the node's code and its text as the message (upstream's
+    /// `GenericHttpResponseChecker`).
+    pub async fn get(&self, registry: &Registry, node: &str, path_and_query: &str) -> Result<Response<Incoming>> {
+        let (ip, port) = self.locate(registry, node)?;
+        let unreachable = |e: String| {
+            StatusError::service_unavailable(format!("the node endpoint of node {node} ({ip}:{port}): {e}"))
+        };
+        let tls = self.pki.kubelet_client_config().map_err(|e| StatusError::internal(e.to_string()))?;
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect((ip, port)).await.map_err(|e| e.to_string())?;
+            let _ = tcp.set_nodelay(true);
+            let stream = tokio_rustls::TlsConnector::from(tls)
+                .connect(ServerName::IpAddress(ip.into()), tcp)
+                .await
+                .map_err(|e| e.to_string())?;
+            hyper::client::conn::http1::handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let (mut sender, conn) = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+            .await
+            .map_err(|_| unreachable("timed out connecting".into()))?
+            .map_err(unreachable)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("node endpoint connection ended: {e}");
+            }
+        });
+        let req = Request::get(path_and_query)
+            .header(http::header::HOST, format!("{ip}:{port}"))
+            .body(http_body_util::Empty::new())
+            .map_err(|e| StatusError::internal(e.to_string()))?;
+        let resp = sender.send_request(req).await.map_err(|e| unreachable(e.to_string()))?;
+        if resp.status() == StatusCode::OK {
+            return Ok(resp);
+        }
+        let code = resp.status();
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_ERROR_BODY).collect().await;
+        let text = body.map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string()).unwrap_or_default();
+        Err(StatusError::from_node(code.as_u16(), text))
+    }
+
+    /// The address and port of `node`'s endpoint.
+    fn locate(&self, registry: &Registry, node: &str) -> Result<(IpAddr, u16)> {
+        let nodes = registry.find("", "v1", "nodes").ok_or_else(StatusError::no_route)?;
+        let value = registry.get_value(&nodes, None, node)?;
+        let n: Node =
+            serde_json::from_value(value).map_err(|e| StatusError::internal(format!("stored node {node}: {e}")))?;
+        let status = n.status.unwrap_or_default();
+        let port = status.daemon_endpoints.and_then(|d| d.kubelet_endpoint).map_or(0, |e| e.port);
+        let port = u16::try_from(port).ok().filter(|p| *p > 0).ok_or_else(|| {
+            StatusError::service_unavailable(format!("node {node} does not serve its endpoint (no kubelet port)"))
+        })?;
+        if self.local_node.get().is_some_and(|l| l == node) {
+            return Ok((Ipv4Addr::LOCALHOST.into(), port));
+        }
+        let addresses = status.addresses.unwrap_or_default();
+        let ip = ["InternalIP", "ExternalIP", "Hostname"]
+            .iter()
+            .find_map(|t| addresses.iter().filter(|a| a.type_ == *t).find_map(|a| a.address.parse::<IpAddr>().ok()))
+            .ok_or_else(|| StatusError::service_unavailable(format!("node {node} has no address to reach it at")))?;
+        Ok((ip, port))
+    }
+}
