@@ -5,8 +5,8 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../src/runtime/cri.rs"]
 mod cri;
-#[allow(dead_code)]
-#[path = "../src/runtime/images.rs"]
+#[allow(dead_code, unused_imports)]
+#[path = "../src/runtime/images/mod.rs"]
 mod images;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]

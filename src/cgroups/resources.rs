@@ -40,34 +40,7 @@ type Quantities = BTreeMap<String, Quantity>;
 /// Amounts in milli-units, by resource name.
 type Milli = BTreeMap<String, i128>;
 
-/// A pod's quality-of-service class (`pod.status.qosClass`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum QosClass {
-    Guaranteed,
-    Burstable,
-    BestEffort,
-}
-
-impl QosClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QosClass::Guaranteed => "Guaranteed",
-            QosClass::Burstable => "Burstable",
-            QosClass::BestEffort => "BestEffort",
-        }
-    }
-
-    /// The class named `s` (as `as_str` spells it).
-    pub fn parse(s: &str) -> Option<QosClass> {
-        [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort].into_iter().find(|q| q.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for QosClass {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::registry::kinds::pod_rules::QosClass;
 
 /// `GetPodQOS`: the class recorded in the status, computed from the spec when there is none.
 pub fn qos_class(pod: &Pod) -> QosClass {
@@ -80,7 +53,7 @@ pub fn qos_class(pod: &Pod) -> QosClass {
 
 /// `ComputePodQOS`, from the spec alone.
 pub fn compute_qos_class(pod: &Pod) -> QosClass {
-    pod.spec.as_ref().map(pod_rules::qos_class).and_then(QosClass::parse).unwrap_or(QosClass::BestEffort)
+    pod.spec.as_ref().map_or(QosClass::BestEffort, pod_rules::qos_class)
 }
 
 /// The pod cgroup's limits (`ResourceConfig` of `ResourceConfigForPod`).
