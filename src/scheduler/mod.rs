@@ -25,7 +25,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, PostParams};
+use kube::Resource as _;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event, watcher};
 use tokio_util::sync::CancellationToken;
@@ -45,6 +46,9 @@ pub struct Scheduler {
     queue: Arc<SchedulingQueue>,
     cache: Mutex<Cache>,
     recorders: HashMap<String, Recorder>,
+    /// The `PodScheduled` condition of each pod waiting for a node, as the watch last showed it:
+    /// a failure that would write the same is not written (upstream's `updatePod` compares too).
+    unscheduled: Mutex<HashMap<String, PodCondition>>,
 }
 
 /// The queue's view of the profiles: PreEnqueue and queueing hints.
@@ -118,7 +122,14 @@ impl Scheduler {
         let profiles: Arc<HashMap<String, Arc<Profile>>> =
             Arc::new(profiles.into_iter().map(|p| (p.name.clone(), Arc::new(p))).collect());
         let queue = Arc::new(SchedulingQueue::new(Arc::new(Hooks { profiles: profiles.clone() }), opts));
-        let sched = Arc::new(Scheduler { client, profiles, queue, cache: Mutex::new(Cache::default()), recorders });
+        let sched = Arc::new(Scheduler {
+            client,
+            profiles,
+            queue,
+            cache: Mutex::new(Cache::default()),
+            recorders,
+            unscheduled: Mutex::default(),
+        });
         tokio::spawn(sched.clone().run(shutdown));
         sched
     }
@@ -200,12 +211,14 @@ impl Scheduler {
                     Event::Init => relisted_pods.clear(),
                     Event::InitApply(pod) => {
                         let info = Arc::new(PodInfo::from_pod(&pod));
+                        self.remember_condition(&info, &pod);
                         relisted_pods.insert(info.uid.clone());
                         let new = known.insert(info.uid.clone());
                         self.on_pod(info, new);
                     }
                     Event::Apply(pod) => {
                         let info = Arc::new(PodInfo::from_pod(&pod));
+                        self.remember_condition(&info, &pod);
                         let new = known.insert(info.uid.clone());
                         self.on_pod(info, new);
                     }
@@ -234,6 +247,20 @@ impl Scheduler {
                 let _ = tx.send(());
             }
         }
+    }
+
+    /// Keeps the `PodScheduled` condition of a pod that waits for a node.
+    fn remember_condition(&self, info: &PodInfo, pod: &Pod) {
+        let mut map = self.unscheduled.lock().unwrap_or_else(|e| e.into_inner());
+        let condition = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled").cloned());
+        match condition {
+            Some(c) if info.node_name.is_empty() && !info.finished => map.insert(info.uid.clone(), c),
+            _ => map.remove(&info.uid),
+        };
     }
 
     fn node_gone(&self, name: &str) {
@@ -275,6 +302,7 @@ impl Scheduler {
 
     /// A pod was deleted or finished: it leaves the queue, and its node's resources are freed.
     fn pod_gone(&self, uid: &str) {
+        self.unscheduled.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
         self.queue.delete(uid);
         let removed = lock(&self.cache).remove_pod(uid);
         if let Some((pod, node)) = removed {
@@ -422,24 +450,18 @@ impl Scheduler {
         }
     }
 
-    /// Sets `PodScheduled=False` with the reason (upstream's `updatePod`), unless the pod was
-    /// replaced, bound or deleted meanwhile: the write is made on the version read, so a pod that
-    /// changed in between is left alone. Writes nothing when the condition already says so.
+    /// Sets `PodScheduled=False` with the reason, as upstream's `updatePod`: nothing is written when
+    /// the condition already says so; otherwise a strategic merge patch of the condition carrying the
+    /// pod's UID (which the API refuses to change, so a replaced pod is left alone). The answer is
+    /// checked, not decoded.
     async fn set_unscheduled(&self, pod: &PodInfo, reason: &str, message: &str) -> Result<(), kube::Error> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let Some(mut current) = pods.get_opt(&pod.name).await? else { return Ok(()) };
-        let bound = current.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
-        if current.metadata.uid.as_deref() != Some(pod.uid.as_str()) || bound {
-            return Ok(());
-        }
-        let conditions = current.status.get_or_insert_default().conditions.get_or_insert_default();
-        let old = conditions.iter().position(|c| c.type_ == "PodScheduled");
-        let since = match old.map(|i| &conditions[i]) {
+        let old = self.unscheduled.lock().unwrap_or_else(|e| e.into_inner()).get(&pod.uid).cloned();
+        let since = match old {
             Some(c) if c.status == "False" => {
                 if c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message) {
                     return Ok(());
                 }
-                c.last_transition_time.clone()
+                c.last_transition_time
             }
             _ => Some(Time(k8s_openapi::jiff::Timestamp::now())),
         };
@@ -451,13 +473,14 @@ impl Scheduler {
             last_transition_time: since,
             ..Default::default()
         };
-        match old {
-            Some(i) => conditions[i] = condition,
-            None => conditions.push(condition),
-        }
-        match pods.replace_status(&pod.name, &PostParams::default(), &current).await {
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            other => other.map(|_| ()),
+        let patch = serde_json::json!({"metadata": {"uid": pod.uid}, "status": {"conditions": [condition]}});
+        let request = kube::core::Request::new(Pod::url_path(&(), Some(&pod.namespace)))
+            .patch_subresource("status", &pod.name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .map_err(kube::Error::BuildRequest)?;
+        match self.client.request_text(request).await {
+            // Gone, or replaced by another pod of that name.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 => Ok(()),
+            other => other.map(drop),
         }
     }
 }
