@@ -384,18 +384,8 @@ pub fn start(
     let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let exec: Arc<dyn probes::Exec> = Arc::new(CriExec(cri.clone()));
     let agent_dir = settings.data_dir.join("agent");
-    let (node, writer) = reflector::store();
     let own_node = watcher::Config::default().fields(&format!("metadata.name={}", settings.node_name));
-    let node_watch = reflector::reflector(writer, watcher(Api::<Node>::all(client.clone()), own_node))
-        .default_backoff()
-        .for_each(|_| std::future::ready(()));
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = node_watch => {}
-            _ = stop.cancelled() => {}
-        }
-    });
+    let node = crate::client::cache(Api::<Node>::all(client.clone()), own_node, &shutdown);
     let ctx = Arc::new(Ctx {
         recorder: Recorder::spawn(client.clone(), "kubelet".into(), settings.node_name.clone()),
         client,

@@ -8,7 +8,15 @@
 //! process can attach a request extension). A node on another machine builds the same `kube::Client`
 //! over HTTPS instead.
 
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use futures::StreamExt as _;
 use http::Request;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::{InProcess, User};
 
@@ -37,6 +45,26 @@ pub fn in_process(router: axum::Router, user: User) -> kube::Client {
         })
         .service(router);
     kube::Client::new(service, "default")
+}
+
+/// A cache of the objects `api` and `config` select, fed by a watch (kube-runtime's reflector; it
+/// relists after a gap) until `shutdown`.
+pub fn cache<K>(api: kube::Api<K>, config: watcher::Config, shutdown: &CancellationToken) -> Store<K>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let follow =
+        reflector::reflector(writer, watcher(api, config)).default_backoff().for_each(|_| std::future::ready(()));
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = follow => {}
+            _ = shutdown.cancelled() => {}
+        }
+    });
+    store
 }
 
 /// A store in a temporary folder with its registry, and an in-process client on it.

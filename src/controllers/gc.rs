@@ -196,6 +196,17 @@ async fn followed_resources(client: &Client) -> Result<Vec<ApiResource>, kube::E
     Ok(out)
 }
 
+/// An `Api` for one object's scope: its namespace, or the cluster.
+fn scoped<K>(client: &Client, ar: &ApiResource, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
+        None => Api::all_with(client.clone(), ar),
+    }
+}
+
 fn owners(meta: &ObjectMeta) -> &[OwnerReference] {
     meta.owner_references.as_deref().unwrap_or_default()
 }
@@ -206,11 +217,7 @@ impl Collector {
     }
 
     fn api(&self, key: &Key) -> Api<DynamicObject> {
-        let ar = &self.resources[key.resource];
-        match &key.namespace {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, ar),
-            None => Api::all_with(self.client.clone(), ar),
-        }
+        scoped(&self.client, &self.resources[key.resource], key.namespace.as_deref())
     }
 
     /// Once everything is listed: collect every orphan and work every terminating owner's finalizer.
@@ -282,19 +289,13 @@ impl Collector {
         let Some(ar) = self.resources.iter().find(|a| a.group == gvk.group && a.kind == gvk.kind) else {
             return Ok(true);
         };
-        let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, ar),
-            None => Api::all_with(self.client.clone(), ar),
-        };
+        let api: Api<PartialObjectMeta<DynamicObject>> = scoped(&self.client, ar, namespace);
         Ok(api.get_opt(&r.name).await?.is_some_and(|o| o.metadata.uid.as_deref() == Some(r.uid.as_str())))
     }
 
     async fn read_meta(&self, key: &Key) -> Option<ObjectMeta> {
-        let ar = &self.resources[key.resource];
-        let api: Api<PartialObjectMeta<DynamicObject>> = match &key.namespace {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, ar),
-            None => Api::all_with(self.client.clone(), ar),
-        };
+        let api: Api<PartialObjectMeta<DynamicObject>> =
+            scoped(&self.client, &self.resources[key.resource], key.namespace.as_deref());
         api.get_opt(&key.name).await.ok().flatten().map(|o| o.metadata)
     }
 

@@ -10,12 +10,10 @@ pub mod topology_spread;
 
 use std::sync::Arc;
 
-use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Binding, Namespace, ObjectReference, Pod};
 use kube::api::{Api, PostParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -63,17 +61,7 @@ pub struct Handle {
 impl Handle {
     /// Starts the namespace cache; it follows the API until `shutdown`.
     pub fn start(client: kube::Client, shutdown: &CancellationToken) -> Self {
-        let (namespaces, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(Api::<Namespace>::all(client.clone()), Default::default()))
-            .default_backoff()
-            .for_each(|_| std::future::ready(()));
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stream => {}
-                _ = shutdown.cancelled() => {}
-            }
-        });
+        let namespaces = crate::client::cache(Api::<Namespace>::all(client.clone()), Default::default(), shutdown);
         Handle { client, namespaces }
     }
 
