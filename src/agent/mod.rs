@@ -5,13 +5,18 @@
 //! this node ([`pods`]).
 
 pub mod backoff;
+pub mod cluster;
+pub mod context;
 pub mod endpoint;
 pub mod env;
+#[cfg(test)]
+pub mod fake;
 pub mod logs;
 pub mod node;
 pub mod objects;
 pub mod pods;
 pub mod probes;
+pub mod runtime;
 pub mod spec;
 pub mod status;
 pub mod worker;
@@ -98,7 +103,7 @@ pub fn start(
     if cfg.healthz_port != 0 {
         tokio::spawn(serve_healthz(cfg.healthz_port, health.clone(), shutdown.clone()));
     }
-    let runtime_health = Arc::new(pods::RuntimeHealth::default());
+    let runtime_health = Arc::new(context::RuntimeHealth::default());
     let driver = if crate::runtime::containerd::systemd_cgroup_driver() {
         crate::cgroups::Driver::Systemd
     } else {
@@ -187,7 +192,7 @@ struct Heartbeat {
     cfg: Config,
     machine: Machine,
     health: Arc<Health>,
-    runtime_health: Arc<pods::RuntimeHealth>,
+    runtime_health: Arc<context::RuntimeHealth>,
 }
 
 /// Now, in whole seconds (as the API's `Time` is serialized).

@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodStatus};
-use kube::api::{Api, DeleteParams, Preconditions};
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::pods::Ctx;
+use super::cluster::WriteError;
+use super::context::Ctx;
 use super::probes::{Kind, Target};
 use super::spec;
 use super::status::{self, RuntimeContainer, RuntimePod, keys};
@@ -210,16 +210,8 @@ impl Worker {
             self.publish(&rt).await;
         }
         if deleting && !self.unpublished {
-            // Grace 0 with a UID precondition: the pod object goes, not a successor of that name.
-            let params = DeleteParams {
-                grace_period_seconds: Some(0),
-                preconditions: Some(Preconditions { uid: Some(self.uid.clone()), resource_version: None }),
-                ..Default::default()
-            };
-            let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), spec::namespace(&pod));
-            match pods.delete(spec::name(&pod), &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            match self.ctx.api.delete(&pod).await {
+                Ok(()) | Err(WriteError::Gone) => {}
                 Err(e) => {
                     tracing::warn!("pod {}: deleting: {e}", spec::full_name(&pod));
                     self.due_at(Instant::now() + RETRY);
@@ -268,7 +260,7 @@ impl Worker {
 
     /// Lists the pod's sandboxes and containers, with the details of the newest ones.
     async fn runtime_pod(&mut self) -> Result<RuntimePod, CriError> {
-        let cri = &self.ctx.cri;
+        let cri = &self.ctx.runtime;
         let selector = spec::uid_selector(&self.uid);
         let mut sandboxes = cri
             .list_pod_sandbox(cri::ListPodSandboxRequest {
@@ -341,8 +333,8 @@ impl Worker {
         let cgroup_parent = self.ctx.ensure_pod_cgroup(&pod)?;
         let volumes = match self.ctx.setup_volumes(&pod).await {
             Ok(v) => v,
-            Err(message) => {
-                self.event(EventType::Warning, crate::volumes::FAILED_MOUNT, message);
+            Err(e) => {
+                self.event(EventType::Warning, crate::volumes::FAILED_MOUNT, e.to_string());
                 let rt = self.runtime_pod().await?;
                 self.publish(&rt).await;
                 self.due_at(Instant::now() + RETRY);
@@ -400,7 +392,7 @@ impl Worker {
                 let (metadata, labels) = (config.metadata.clone(), config.labels.clone());
                 match self
                     .ctx
-                    .cri
+                    .runtime
                     .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(config), runtime_handler: handler })
                     .await
                 {
@@ -451,7 +443,7 @@ impl Worker {
         for c in rt.current().filter(|c| c.running()) {
             if let Some(s) = all_specs.iter().find(|s| s.name == c.name) {
                 let target = Target::new(s, &c.id, pod_ips.first().cloned());
-                let previous = was.get(format!("{}://{}", self.ctx.runtime_name, c.id).as_str()).copied();
+                let previous = was.get(format!("{}://{}", self.ctx.host.runtime_name, c.id).as_str()).copied();
                 self.ctx.probes.adopt_container(&self.uid, s, &c.id, target, previous.unwrap_or((false, false)));
             }
         }
@@ -517,7 +509,7 @@ impl Worker {
         }
         let status = self
             .ctx
-            .cri
+            .runtime
             .pod_sandbox_status(cri::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.into(), verbose: false })
             .await?;
         let ips: Vec<String> = status
@@ -587,12 +579,13 @@ impl Worker {
             status.pod_ip = pod_ips.first().cloned();
             status.pod_ips =
                 Some(pod_ips.iter().map(|ip| k8s_openapi::api::core::v1::PodIP { ip: ip.clone() }).collect());
-            status.host_ip = self.ctx.node_ip.clone();
-            status.host_ips = self.ctx.node_ip.clone().map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]);
+            status.host_ip = self.ctx.host.node_ip.clone();
+            status.host_ips = self.ctx.host.node_ip.clone().map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]);
         }
         let config = match self.ctx.container_inputs(&pod_with_ips, c, restart_count, pod_ips, volumes).await {
             Ok(inputs) => spec::container_config(pod, c, inputs),
-            Err(message) => {
+            Err(e) => {
+                let message = e.to_string();
                 self.waiting.insert(c.name.clone(), ("CreateContainerConfigError".into(), message.clone()));
                 self.event(EventType::Warning, "Failed", format!("Error: {message}"));
                 self.due_at(Instant::now() + RETRY);
@@ -601,7 +594,7 @@ impl Worker {
         };
         let created = self
             .ctx
-            .cri
+            .runtime
             .create_container(cri::CreateContainerRequest {
                 pod_sandbox_id: sandbox.id.into(),
                 config: Some(config),
@@ -623,7 +616,8 @@ impl Worker {
             }
         };
         self.event(EventType::Normal, "Created", format!("Created container: {}", c.name));
-        if let Err(e) = self.ctx.cri.start_container(cri::StartContainerRequest { container_id: id.clone() }).await {
+        if let Err(e) = self.ctx.runtime.start_container(cri::StartContainerRequest { container_id: id.clone() }).await
+        {
             self.waiting.insert(c.name.clone(), ("RunContainerError".into(), e.to_string()));
             self.event(EventType::Warning, "Failed", format!("Error: {e}"));
             self.due_at(Instant::now() + RETRY);
@@ -660,17 +654,18 @@ impl Worker {
         let image = c.image.clone().unwrap_or_default();
         let spec = || Some(cri::ImageSpec { image: image.clone(), ..Default::default() });
         let user = |i: &cri::Image| (i.uid.as_ref().map(|u| u.value), i.username.clone());
-        let present = match self.ctx.cri.image_status(cri::ImageStatusRequest { image: spec(), verbose: false }).await {
-            Ok(r) => r.image.as_ref().map(user),
-            Err(e) => {
-                self.waiting.insert(
-                    c.name.clone(),
-                    ("ErrImageInspect".into(), format!("Failed to inspect image \"{image}\": {e}")),
-                );
-                self.due_at(Instant::now() + RETRY);
-                return None;
-            }
-        };
+        let present =
+            match self.ctx.runtime.image_status(cri::ImageStatusRequest { image: spec(), verbose: false }).await {
+                Ok(r) => r.image.as_ref().map(user),
+                Err(e) => {
+                    self.waiting.insert(
+                        c.name.clone(),
+                        ("ErrImageInspect".into(), format!("Failed to inspect image \"{image}\": {e}")),
+                    );
+                    self.due_at(Instant::now() + RETRY);
+                    return None;
+                }
+            };
         let policy = c.image_pull_policy.clone().unwrap_or_else(|| {
             let tagged = image.rsplit('/').next().is_some_and(|last| last.contains(':') || last.contains('@'));
             if !tagged || image.ends_with(":latest") { "Always".into() } else { "IfNotPresent".into() }
@@ -704,7 +699,7 @@ impl Worker {
         self.event(EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
         let started = Instant::now();
         let auth = self.ctx.pull_auth(pod, &image).await;
-        let pull = self.ctx.cri.pull_image(cri::PullImageRequest { image: spec(), auth, ..Default::default() });
+        let pull = self.ctx.runtime.pull_image(cri::PullImageRequest { image: spec(), auth, ..Default::default() });
         // A pull can take minutes: a deletion meanwhile abandons it (the runtime finishes or drops it).
         let pulled = tokio::select! {
             r = pull => r,
@@ -721,7 +716,8 @@ impl Worker {
                     "Pulled",
                     format!("Successfully pulled image \"{image}\" in {took} ({took} including waiting)"),
                 );
-                let status = self.ctx.cri.image_status(cri::ImageStatusRequest { image: spec(), verbose: false }).await;
+                let status =
+                    self.ctx.runtime.image_status(cri::ImageStatusRequest { image: spec(), verbose: false }).await;
                 Some(status.ok().and_then(|r| r.image).as_ref().map(user).unwrap_or_default())
             }
             Err(e) => {
@@ -774,7 +770,7 @@ impl Worker {
             }
         }
         let left = (grace - started.elapsed().as_secs() as i64).max(MIN_GRACE);
-        match self.ctx.cri.stop_container(&c.id, Duration::from_secs(left as u64)).await {
+        match self.ctx.runtime.stop_container(&c.id, Duration::from_secs(left as u64)).await {
             Ok(()) | Err(CriError::NotFound { .. }) => {}
             Err(e) => tracing::warn!("pod {}: stopping container {}: {e}", spec::full_name(&self.pod), c.name),
         }
@@ -811,14 +807,15 @@ impl Worker {
             let deadline = Instant::now() + Duration::from_secs(g.max(0) as u64);
             let rt = self.runtime_pod().await?;
             let timeout = Duration::from_secs(g.max(MIN_GRACE) as u64);
-            let stops = futures::future::join_all(rt.running().map(|c| self.ctx.cri.stop_container(&c.id, timeout)));
+            let stops =
+                futures::future::join_all(rt.running().map(|c| self.ctx.runtime.stop_container(&c.id, timeout)));
             tokio::select! {
                 _ = stops => {}
                 g = sooner_deadline(self.updates.clone(), deadline) => shorter = Some(g),
             }
         }
         for s in rt.sandboxes.iter().filter(|s| s.state == cri::PodSandboxState::SandboxReady as i32) {
-            match self.ctx.cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() }).await {
+            match self.ctx.runtime.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() }).await {
                 Ok(_) | Err(CriError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -844,8 +841,11 @@ impl Worker {
     async fn cleanup(&mut self) {
         if let Ok(rt) = self.runtime_pod().await {
             for s in &rt.sandboxes {
-                if let Err(e) =
-                    self.ctx.cri.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() }).await
+                if let Err(e) = self
+                    .ctx
+                    .runtime
+                    .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() })
+                    .await
                 {
                     tracing::warn!("pod {}: removing sandbox {}: {e}", spec::full_name(&self.pod), s.id);
                 }
@@ -864,7 +864,7 @@ impl Worker {
             if *n <= KEEP_EXITED || !c.exited() {
                 continue;
             }
-            match self.ctx.cri.remove_container(cri::RemoveContainerRequest { container_id: c.id.clone() }).await {
+            match self.ctx.runtime.remove_container(cri::RemoveContainerRequest { container_id: c.id.clone() }).await {
                 Ok(_) | Err(CriError::NotFound { .. }) => {
                     let log = self.ctx.log_dir(pod).join(spec::log_path(&c.name, c.restart_count));
                     let _ = std::fs::remove_file(log);
@@ -898,9 +898,9 @@ impl Worker {
             waiting: &self.waiting,
             probes: &probes,
             pod_ips: &ips,
-            host_ip: self.ctx.node_ip.as_deref(),
+            host_ip: self.ctx.host.node_ip.as_deref(),
             sandbox_ready,
-            runtime_name: &self.ctx.runtime_name,
+            runtime_name: &self.ctx.host.runtime_name,
             terminal,
         };
         // Until the watch brings our last write back, that write is the status to build on.
@@ -988,30 +988,4 @@ fn termination_message(status: &cri::ContainerStatus, annotations: &HashMap<Stri
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn deleting(grace: i64) -> Arc<Pod> {
-        let mut pod = Pod::default();
-        pod.metadata.deletion_grace_period_seconds = Some(grace);
-        Arc::new(pod)
-    }
-
-    #[tokio::test]
-    async fn only_an_earlier_end_shortens_the_grace_period() {
-        let (tx, rx) = watch::channel(Update::Pod(deleting(30)));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let sooner = tokio::spawn(sooner_deadline(rx.clone(), deadline));
-        // The same or a longer period (a repeated delete, a label change) keeps the deadline.
-        tx.send(Update::Pod(deleting(30))).unwrap();
-        tx.send(Update::Pod(deleting(60))).unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!sooner.is_finished());
-        tx.send(Update::Pod(deleting(1))).unwrap();
-        assert_eq!(sooner.await.unwrap(), 1);
-        // A force delete: the pod is gone from the API.
-        let forced = tokio::spawn(sooner_deadline(rx, deadline));
-        tx.send(Update::Removed(deleting(30))).unwrap();
-        assert_eq!(forced.await.unwrap(), 0);
-    }
-}
+mod tests;

@@ -102,7 +102,7 @@ struct State {
 
 struct Inner {
     state: RwLock<State>,
-    hub: Hub,
+    hub: Arc<Hub>,
     writes: mpsc::Sender<WriteRequest>,
     flushes: AtomicU64,
     committed: AtomicU64,
@@ -166,7 +166,7 @@ impl Store {
         let (tx, rx) = mpsc::channel();
         let inner = Arc::new(Inner {
             state: RwLock::new(state),
-            hub: Hub::new(revision, options.history, options.history_bytes),
+            hub: Arc::new(Hub::new(revision, options.history, options.history_bytes)),
             writes: tx,
             flushes: AtomicU64::new(0),
             committed: AtomicU64::new(0),

@@ -158,3 +158,35 @@ async fn history_is_bounded_by_bytes_too() {
     assert!(matches!(store.watch(start), Err(Error::TooOld { .. })));
     assert!(store.watch(a.rv).is_ok());
 }
+
+/// Writes more events than the live channel holds, all at once so that they commit in few batches.
+async fn burst(store: &Store, n: usize) {
+    let writes = (0..n).map(|i| store.write(format!("c/{i}"), Precondition::Absent, Op::Put(obj(&i.to_string()))));
+    for w in futures::future::join_all(writes).await {
+        w.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_watcher_behind_the_live_channel_catches_up_from_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options { history: 10_000, ..Default::default() }).unwrap();
+    let (_, mut sub) = store.list_and_watch("c/");
+    burst(&store, watch::LIVE_CAPACITY + 500).await;
+    let mut last = 0;
+    for _ in 0..watch::LIVE_CAPACITY + 500 {
+        let e = sub.next().await.unwrap();
+        assert!(e.rv > last, "revisions {last} then {}", e.rv);
+        last = e.rv;
+    }
+    assert_eq!(last, store.revision());
+}
+
+#[tokio::test]
+async fn a_watcher_behind_the_history_too_is_told_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options { history: 100, ..Default::default() }).unwrap();
+    let (_, mut sub) = store.list_and_watch("c/");
+    burst(&store, watch::LIVE_CAPACITY + 500).await;
+    assert!(matches!(sub.next().await, Err(Error::TooOld { .. })));
+}

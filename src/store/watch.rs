@@ -1,14 +1,15 @@
 //! The watch hub: a bounded history of committed events plus a live broadcast.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::broadcast;
 
 use super::{Error, Object, Result};
 
-/// Capacity of the live channel; a watcher that falls further behind is ended with [`Error::TooOld`].
-const LIVE_CAPACITY: usize = 4096;
+/// Capacity of the live channel. A watcher that falls further behind catches up from the history,
+/// and is ended with [`Error::TooOld`] only when the history no longer reaches back to it.
+pub(super) const LIVE_CAPACITY: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -28,6 +29,8 @@ pub struct Event {
     /// The object before this change, if it existed.
     pub prev: Option<Arc<Object>>,
 }
+
+type Live = broadcast::Receiver<Arc<Event>>;
 
 struct HubState {
     history: VecDeque<Arc<Event>>,
@@ -79,27 +82,37 @@ impl Hub {
     }
 
     /// Subscribes to events after `from`, replaying history first.
-    pub(super) fn subscribe(&self, from: u64) -> Result<Subscription> {
+    pub(super) fn subscribe(self: &Arc<Self>, from: u64) -> Result<Subscription> {
+        let (backlog, rx) = self.replay(from)?;
+        Ok(Subscription { backlog, rx, last: from, hub: Arc::downgrade(self) })
+    }
+
+    /// Subscribes to events from now on.
+    pub(super) fn subscribe_now(self: &Arc<Self>) -> Subscription {
+        let st = self.lock();
+        Subscription { backlog: VecDeque::new(), rx: st.tx.subscribe(), last: 0, hub: Arc::downgrade(self) }
+    }
+
+    /// The history after `from` and a live receiver taken under one lock, so that together they
+    /// miss nothing (the receiver may repeat what the history holds; revisions tell them apart).
+    fn replay(&self, from: u64) -> Result<(VecDeque<Arc<Event>>, Live)> {
         let st = self.lock();
         if from < st.complete_after {
             return Err(Error::TooOld { requested: from, oldest: st.complete_after });
         }
         let backlog = st.history.iter().filter(|e| e.rv > from).cloned().collect();
-        Ok(Subscription { backlog, rx: st.tx.subscribe(), last: from })
-    }
-
-    /// Subscribes to events from now on.
-    pub(super) fn subscribe_now(&self) -> Subscription {
-        let st = self.lock();
-        Subscription { backlog: VecDeque::new(), rx: st.tx.subscribe(), last: 0 }
+        Ok((backlog, st.tx.subscribe()))
     }
 }
 
 /// A stream of committed events in revision order, without gaps or duplicates.
 pub struct Subscription {
     backlog: VecDeque<Arc<Event>>,
-    rx: broadcast::Receiver<Arc<Event>>,
+    rx: Live,
     last: u64,
+    /// Where a subscriber that lagged behind the live channel catches up. Weak, so that the store
+    /// closing still ends every subscription.
+    hub: Weak<Hub>,
 }
 
 impl Subscription {
@@ -114,8 +127,8 @@ impl Subscription {
         self.last
     }
 
-    /// The next event. Fails with [`Error::TooOld`] when this subscriber fell so far behind that
-    /// events were dropped, and with [`Error::Closed`] when the store is gone.
+    /// The next event. Fails with [`Error::TooOld`] when this subscriber fell so far behind that the
+    /// history no longer holds the events it missed, and with [`Error::Closed`] when the store is gone.
     pub async fn next(&mut self) -> Result<Arc<Event>> {
         loop {
             let event = match self.backlog.pop_front() {
@@ -123,7 +136,9 @@ impl Subscription {
                 None => match self.rx.recv().await {
                     Ok(e) => e,
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        return Err(Error::TooOld { requested: self.last, oldest: self.last + 1 });
+                        let hub = self.hub.upgrade().ok_or(Error::Closed)?;
+                        (self.backlog, self.rx) = hub.replay(self.last)?;
+                        continue;
                     }
                     Err(broadcast::error::RecvError::Closed) => return Err(Error::Closed),
                 },

@@ -1,0 +1,112 @@
+//! The cluster as the pod workers use it: the pod's status and final deletion, the ConfigMaps and
+//! Secrets it refers to, and its events, behind [`PodApi`] so that a worker runs against the API
+//! in cairn ([`ClientApi`]) and against a fake in its unit tests (kubelet's status manager, pod
+//! deletion and event recorder seams).
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use serde_json::{Value, json};
+
+use super::objects::{self, Fetched, Wanted};
+use super::spec;
+use crate::events::{EventType, ObjectRef, Recorder};
+
+/// Why a write about a pod did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The pod is gone from the API, or another pod of that name replaced it.
+    #[error("the pod is gone or was replaced")]
+    Gone,
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
+pub trait PodApi: Send + Sync + 'static {
+    /// Writes the pod's status if it is still the same pod (UID); returns the resourceVersion written.
+    fn write_status<'a>(&'a self, pod: &'a Pod, status: Value) -> BoxFuture<'a, Result<u64, WriteError>>;
+    /// Deletes the pod object for good (grace 0) once its containers are stopped, unless a
+    /// successor of that name replaced it.
+    fn delete<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<(), WriteError>>;
+    /// The ConfigMaps and Secrets `wanted` refers to.
+    fn objects<'a>(&'a self, pod: &'a Pod, wanted: Wanted<'a>) -> BoxFuture<'a, Result<Fetched, kube::Error>>;
+    /// Records an event about the pod; never blocks.
+    fn event(&self, pod: &Pod, kind: EventType, reason: &str, message: String);
+}
+
+/// [`PodApi`] over the cluster's client, reporting events as `kubelet` from this node.
+pub struct ClientApi {
+    client: kube::Client,
+    recorder: Recorder,
+}
+
+impl ClientApi {
+    pub fn new(client: kube::Client, node_name: String) -> Self {
+        ClientApi { recorder: Recorder::spawn(client.clone(), "kubelet".into(), node_name), client }
+    }
+
+    fn pods(&self, pod: &Pod) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), spec::namespace(pod))
+    }
+}
+
+fn code(e: &kube::Error) -> Option<(u16, &str)> {
+    match e {
+        kube::Error::Api(s) => Some((s.code, s.message.as_str())),
+        _ => None,
+    }
+}
+
+impl PodApi for ClientApi {
+    /// A merge patch, as kubelet's status manager sends (with the UID, which the API refuses to
+    /// change, so a replaced pod is left alone): fields other components own in the status
+    /// (nominatedNodeName, resize, ...) stay.
+    fn write_status<'a>(&'a self, pod: &'a Pod, status: Value) -> BoxFuture<'a, Result<u64, WriteError>> {
+        Box::pin(async move {
+            let patch = json!({"metadata": {"uid": spec::uid(pod)}, "status": status});
+            match self.pods(pod).patch_status(spec::name(pod), &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(written) => Ok(written.metadata.resource_version.and_then(|v| v.parse().ok()).unwrap_or(0)),
+                // Gone, or another pod now: the UID in the patch differs from the stored one.
+                Err(e)
+                    if matches!(code(&e), Some((404, _)))
+                        || code(&e).is_some_and(|(c, m)| c == 422 && m.contains("metadata.uid")) =>
+                {
+                    Err(WriteError::Gone)
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    /// Grace 0 with a UID precondition: the pod object goes, not a successor of that name.
+    fn delete<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<(), WriteError>> {
+        Box::pin(async move {
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions { uid: Some(spec::uid(pod).into()), resource_version: None }),
+                ..Default::default()
+            };
+            match self.pods(pod).delete(spec::name(pod), &params).await {
+                Ok(_) => Ok(()),
+                // Gone, or the UID precondition failed: a successor has the name.
+                Err(e) if matches!(code(&e), Some((404 | 409, _))) => Err(WriteError::Gone),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    fn objects<'a>(&'a self, pod: &'a Pod, wanted: Wanted<'a>) -> BoxFuture<'a, Result<Fetched, kube::Error>> {
+        Box::pin(async move { objects::fetch(&self.client, pod, &wanted).await })
+    }
+
+    fn event(&self, pod: &Pod, kind: EventType, reason: &str, message: String) {
+        let object = ObjectRef {
+            kind: "Pod",
+            api_version: "v1",
+            namespace: spec::namespace(pod).into(),
+            name: spec::name(pod).into(),
+            uid: spec::uid(pod).into(),
+        };
+        self.recorder.record(object, kind, reason, "", message);
+    }
+}
