@@ -26,23 +26,6 @@ pub fn wants_aggregated(accept: &str) -> Option<&'static str> {
     None
 }
 
-fn subresource_verbs(sub: &str) -> &'static [&'static str] {
-    match sub {
-        "binding" => &["create"],
-        "finalize" => &["update"],
-        "log" => &["get"],
-        _ => &["get", "patch", "update"],
-    }
-}
-
-fn subresource_kind(info: &ResourceInfo, sub: &str) -> (&'static str, &'static str, &'static str) {
-    match sub {
-        "binding" => ("", "v1", "Binding"),
-        "log" => ("", "v1", "Pod"),
-        _ => (info.group, info.version, info.kind),
-    }
-}
-
 /// Groups in discovery order: the core group first, then named groups in the order served.
 fn groups(resources: &[Resource]) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
@@ -102,13 +85,13 @@ pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Opti
         }
         list.push(entry);
         for sub in r.subresources {
-            let (g, v, kind) = subresource_kind(r, sub);
+            let (g, v, kind) = sub.response_kind(r);
             let mut e = json!({
-                "name": format!("{}/{sub}", r.plural),
+                "name": format!("{}/{}", r.plural, sub.name()),
                 "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": kind,
-                "verbs": subresource_verbs(sub),
+                "verbs": sub.verbs(),
             });
             if g != group || v != version {
                 e["group"] = json!(g);
@@ -143,8 +126,8 @@ fn discovery_resource(r: &ResourceInfo) -> Value {
             .subresources
             .iter()
             .map(|sub| {
-                let (g, v, kind) = subresource_kind(r, sub);
-                json!({"subresource": sub, "responseKind": {"group": g, "version": v, "kind": kind}, "verbs": subresource_verbs(sub)})
+                let (g, v, kind) = sub.response_kind(r);
+                json!({"subresource": sub.name(), "responseKind": {"group": g, "version": v, "kind": kind}, "verbs": sub.verbs()})
             })
             .collect();
         e["subresources"] = Value::Array(subs);

@@ -17,8 +17,8 @@ use super::codec::{self, Format};
 use crate::registry::patch::PatchType;
 use crate::registry::selector::{FieldSelector, LabelSelector};
 use crate::registry::{
-    DeleteOptions, Deleted, FieldValidation, ListOptions, Resource, StatusError, Watch, WatchItem, WatchOptions,
-    WriteOptions,
+    DeleteOptions, Deleted, FieldValidation, ListOptions, Resource, StatusError, Subresource, Watch, WatchItem,
+    WatchOptions, WriteOptions,
 };
 
 type Result<T, E = StatusError> = std::result::Result<T, E>;
@@ -69,7 +69,7 @@ struct Target {
     resource: Resource,
     namespace: Option<String>,
     name: Option<String>,
-    sub: Option<String>,
+    sub: Option<Subresource>,
     /// Legacy `/watch/` path prefix.
     watch: bool,
 }
@@ -153,7 +153,12 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
         _ => (false, rest),
     };
     let find = |plural: &str| state.registry.find(group, version, plural).ok_or_else(StatusError::no_route);
-    let ns_has_sub = |s: &str| matches!(s, "status" | "finalize");
+    // `/api/v1/namespaces/{name}/{sub}` is a namespace's own subresource, not a namespaced list.
+    let ns_has_sub = |s: &str| {
+        Subresource::parse(s).is_some_and(|sub| {
+            state.registry.find("", "v1", "namespaces").is_some_and(|r| r.info().subresources.contains(&sub))
+        })
+    };
     let (resource, namespace, name, sub) = match rest {
         [res] => (find(res)?, None, None, None),
         ["namespaces", ns, sub] if group.is_empty() && ns_has_sub(sub) => {
@@ -173,18 +178,13 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
     if name.is_some() && info.namespaced && namespace.is_none() {
         return Err(StatusError::no_route());
     }
-    if let Some(s) = sub
-        && !info.subresources.contains(&s)
-    {
-        return Err(StatusError::no_route());
-    }
-    Ok(Target {
-        resource,
-        namespace: namespace.map(str::to_string),
-        name: name.map(str::to_string),
-        sub: sub.map(str::to_string),
-        watch,
-    })
+    let sub = match sub {
+        None => None,
+        Some(s) => {
+            Some(Subresource::parse(s).filter(|s| info.subresources.contains(s)).ok_or_else(StatusError::no_route)?)
+        }
+    };
+    Ok(Target { resource, namespace: namespace.map(str::to_string), name: name.map(str::to_string), sub, watch })
 }
 
 /// Entry point for every resource path.
@@ -208,28 +208,29 @@ async fn serve(state: &AppState, method: Method, uri: Uri, headers: HeaderMap, b
         .await
         .map_err(|_| StatusError::too_large(codec::MAX_BODY_BYTES))?;
     let t = &target;
-    match (&method, t.name.as_deref(), t.sub.as_deref()) {
+    match (&method, t.name.as_deref(), t.sub) {
         (&Method::GET, None, None) if t.watch || query.flag("watch") => watch(state, t, &query, &headers),
         (&Method::GET, None, None) => list(state, t, &query, &headers),
-        (&Method::GET, Some(name), None | Some("status")) => {
+        (&Method::GET, Some(name), None | Some(Subresource::Status)) => {
             let format = codec::negotiate(&headers, query.get("includeObject"))?;
             let obj = state.registry.get(&t.resource, t.namespace.as_deref(), name)?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, obj, &[]))
         }
-        (&Method::GET, Some(name), Some("log")) => {
+        (&Method::GET, Some(name), Some(Subresource::Log)) => {
             super::logs::pod_log(state, t.namespace.as_deref().unwrap_or_default(), name, &query.0).await
         }
         (&Method::POST, None, None) => create(state, t, &query, &headers, &body).await,
-        (&Method::POST, Some(name), Some("binding")) => bind(state, t, name, &headers, &body).await,
-        (&Method::PUT, Some(name), None | Some("status") | Some("finalize")) => {
+        (&Method::POST, Some(name), Some(Subresource::Binding)) => bind(state, t, name, &headers, &body).await,
+        (&Method::PUT, Some(name), None | Some(Subresource::Status | Subresource::Finalize)) => {
             let format = codec::negotiate(&headers, None)?;
             let obj = codec::parse_body(&headers, &body)?;
             let opts = query.write_options()?;
-            let w =
-                state.registry.update(&t.resource, t.namespace.as_deref(), name, obj, t.sub.as_deref(), &opts).await?;
+            let w = state.registry.update(&t.resource, t.namespace.as_deref(), name, obj, t.sub, &opts).await?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, w.object, &w.warnings))
         }
-        (&Method::PATCH, Some(name), None | Some("status")) => patch(state, t, name, &query, &headers, &body).await,
+        (&Method::PATCH, Some(name), None | Some(Subresource::Status)) => {
+            patch(state, t, name, &query, &headers, &body).await
+        }
         (&Method::DELETE, Some(name), None) => delete(state, t, name, &query, &headers, &body).await,
         (&Method::DELETE, None, None) => delete_collection(state, t, &query, &headers, &body).await,
         _ => Err(StatusError::method_not_allowed()),
@@ -287,7 +288,7 @@ async fn patch(
             Err(e) => return Err(e),
             Ok(_) => {
                 let json = serde_json::to_vec(&applied).map_err(StatusError::internal)?;
-                state.registry.patch(r, ns, name, &json, PatchType::StrategicMerge, t.sub.as_deref(), &opts).await?
+                state.registry.patch(r, ns, name, &json, PatchType::StrategicMerge, t.sub, &opts).await?
             }
         }
     } else {
@@ -302,7 +303,7 @@ async fn patch(
                 ],
             )
         })?;
-        state.registry.patch(r, ns, name, body, pt, t.sub.as_deref(), &opts).await?
+        state.registry.patch(r, ns, name, body, pt, t.sub, &opts).await?
     };
     let code = if w.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok(codec::object(r, code, format, w.object, &w.warnings))

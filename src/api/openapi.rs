@@ -18,6 +18,7 @@ use schemars::SchemaGenerator;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
+use crate::registry::Subresource;
 use crate::registry::patch::{METADATA_MERGE_KEYS, MergeKey};
 use crate::registry::strategy::ResourceInfo;
 
@@ -564,19 +565,20 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
     add(format!("{scope}{}/{{name}}", info.plural), object, vec![read(""), replace(""), delete, patch("")]);
 
     for sub in info.subresources {
-        let suffix = capitalize(sub);
-        let operations = match *sub {
-            "status" => vec![read(&suffix), replace(&suffix), patch(&suffix)],
-            "binding" => vec![
+        let suffix = capitalize(sub.name());
+        let operations = match sub {
+            Subresource::Status => vec![read(&suffix), replace(&suffix), patch(&suffix)],
+            Subresource::Binding => vec![
                 Operation::new("post", "post", id.of("create", &suffix), "Binding")
                     .query(WRITE)
                     .body(BINDING, &["*/*"])
                     .responds(&["200", "201", "202"], BINDING),
             ],
-            "finalize" => vec![replace(&suffix)],
-            _ => continue,
+            Subresource::Finalize => vec![replace(&suffix)],
+            // Not in upstream's OpenAPI either: it answers plain text.
+            Subresource::Log => continue,
         };
-        add(format!("{scope}{}/{{name}}/{sub}", info.plural), object, operations);
+        add(format!("{scope}{}/{{name}}/{}", info.plural, sub.name()), object, operations);
     }
 
     if info.namespaced {
@@ -779,7 +781,7 @@ mod tests {
         kind: &'static str,
         plural: &'static str,
         namespaced: bool,
-        subresources: &'static [&'static str],
+        subresources: &'static [Subresource],
     ) -> ResourceInfo {
         ResourceInfo {
             group,
@@ -796,9 +798,11 @@ mod tests {
         }
     }
 
-    const POD: ResourceInfo =
-        ResourceInfo { return_deleted_object: true, ..resource("", "Pod", "pods", true, &["status", "binding"]) };
-    const NAMESPACE: ResourceInfo = resource("", "Namespace", "namespaces", false, &["finalize"]);
+    const POD: ResourceInfo = ResourceInfo {
+        return_deleted_object: true,
+        ..resource("", "Pod", "pods", true, &[Subresource::Status, Subresource::Binding])
+    };
+    const NAMESPACE: ResourceInfo = resource("", "Namespace", "namespaces", false, &[Subresource::Finalize]);
     const LEASE: ResourceInfo = resource("coordination.k8s.io", "Lease", "leases", true, &[]);
     const CORE_EVENT: ResourceInfo = resource("", "Event", "events", true, &[]);
     const EVENT: ResourceInfo = resource("events.k8s.io", "Event", "events", true, &[]);

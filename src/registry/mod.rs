@@ -11,6 +11,7 @@ pub mod kinds;
 pub mod patch;
 pub mod selector;
 pub mod strategy;
+pub mod subresource;
 pub mod validation;
 mod watch;
 
@@ -26,6 +27,7 @@ pub use error::{GroupResource, Result, StatusError};
 use patch::PatchType;
 use selector::{FieldSelector, LabelSelector};
 pub use strategy::{Admitted, DeleteContext, Deletion, ResourceInfo, Strategy};
+pub use subresource::Subresource;
 use validation::{ErrorList, FieldError};
 pub use watch::{Watch, WatchItem, WatchOptions};
 
@@ -367,7 +369,7 @@ impl Registry {
         ns: Option<&str>,
         name: &str,
         body: Value,
-        subresource: Option<&str>,
+        subresource: Option<Subresource>,
         opts: &WriteOptions,
     ) -> Result<Written> {
         let new = Self::check_body(r, body)?;
@@ -400,7 +402,7 @@ impl Registry {
         name: &str,
         patch: &[u8],
         pt: PatchType,
-        subresource: Option<&str>,
+        subresource: Option<Subresource>,
         opts: &WriteOptions,
     ) -> Result<Written> {
         let keys: Vec<patch::MergeKey> = patch::METADATA_MERGE_KEYS.iter().chain(r.merge_keys()).copied().collect();
@@ -428,13 +430,13 @@ impl Registry {
         ns: Option<&str>,
         name: &str,
         wanted_rv: Option<u64>,
-        subresource: Option<&str>,
+        subresource: Option<Subresource>,
         opts: &WriteOptions,
         mut mutate: impl FnMut(&Value) -> Result<Value>,
     ) -> Result<Written> {
         let info = *r.info();
         let gr = info.group_resource();
-        let status = subresource == Some("status");
+        let status = subresource == Some(Subresource::Status);
         for _ in 0..16 {
             let (cur, old) = self.current(r, ns, name)?;
             if wanted_rv.is_some_and(|rv| rv != cur.rv) {
@@ -449,20 +451,7 @@ impl Registry {
             let mut warnings = Vec::new();
             let mut errs = Vec::new();
             match subresource {
-                Some("finalize") => {
-                    let finalizers = new["spec"].get("finalizers").cloned();
-                    new = old.clone();
-                    match finalizers {
-                        Some(f) => new["spec"]["finalizers"] = f,
-                        None => {
-                            if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
-                                spec.remove("finalizers");
-                            }
-                        }
-                    }
-                }
-                // The binding sets spec.nodeName and the PodScheduled condition itself.
-                Some("binding") => {}
+                Some(sub) if !sub.uses_update_strategy() => new = sub.updated(new, &old),
                 _ => {
                     let admitted = r.admit_update(new, &old, status)?;
                     warnings = Self::unknown_fields(&admitted, opts)?;
@@ -644,31 +633,39 @@ impl Registry {
         }
         let uid = binding["metadata"].get("uid").and_then(Value::as_str).map(str::to_string);
         let gr = GroupResource { group: String::new(), resource: "pods/binding".into() };
-        self.guaranteed_update(&pods, Some(ns), name, None, Some("binding"), &WriteOptions::default(), |pod| {
-            if let Some(uid) = &uid
-                && strategy::str_at(pod, &["metadata", "uid"]).as_deref() != Some(uid)
-            {
-                return Err(StatusError::conflict(&gr, name, "the UID in the binding does not match the pod"));
-            }
-            if is_terminating(pod) {
-                return Err(StatusError::conflict(
-                    &gr,
-                    name,
-                    format!("pod {name} is being deleted, cannot be assigned to a host"),
-                ));
-            }
-            if let Some(n) = strategy::str_at(pod, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
-                return Err(StatusError::conflict(
-                    &gr,
-                    name,
-                    format!("pod {name} is already assigned to node \"{n}\""),
-                ));
-            }
-            let mut pod = pod.clone();
-            pod["spec"]["nodeName"] = json!(node);
-            kinds::pod::set_condition(&mut pod, "PodScheduled", "True", None, None);
-            Ok(pod)
-        })
+        self.guaranteed_update(
+            &pods,
+            Some(ns),
+            name,
+            None,
+            Some(Subresource::Binding),
+            &WriteOptions::default(),
+            |pod| {
+                if let Some(uid) = &uid
+                    && strategy::str_at(pod, &["metadata", "uid"]).as_deref() != Some(uid)
+                {
+                    return Err(StatusError::conflict(&gr, name, "the UID in the binding does not match the pod"));
+                }
+                if is_terminating(pod) {
+                    return Err(StatusError::conflict(
+                        &gr,
+                        name,
+                        format!("pod {name} is being deleted, cannot be assigned to a host"),
+                    ));
+                }
+                if let Some(n) = strategy::str_at(pod, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
+                    return Err(StatusError::conflict(
+                        &gr,
+                        name,
+                        format!("pod {name} is already assigned to node \"{n}\""),
+                    ));
+                }
+                let mut pod = pod.clone();
+                pod["spec"]["nodeName"] = json!(node);
+                kinds::pod::set_condition(&mut pod, "PodScheduled", "True", None, None);
+                Ok(pod)
+            },
+        )
         .await
         .map(|_| ())
     }

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 
 use super::error::{GroupResource, Result, StatusError};
 use super::patch::MergeKey;
+use super::subresource::Subresource;
 use super::validation::{self, ErrorList};
 
 /// Static facts about one served resource, used for routing, discovery and OpenAPI.
@@ -25,8 +26,8 @@ pub struct ResourceInfo {
     pub namespaced: bool,
     pub short_names: &'static [&'static str],
     pub categories: &'static [&'static str],
-    /// Subresources served besides the main resource (`status`, `binding`, `finalize`).
-    pub subresources: &'static [&'static str],
+    /// Subresources served besides the main resource.
+    pub subresources: &'static [Subresource],
     /// Key prefix in the store; two resources sharing it are two views of the same objects.
     pub storage: &'static str,
     /// Whether a successful immediate DELETE answers with the deleted object (as pods and

@@ -131,7 +131,8 @@ async fn status_only_through_status() {
     v["status"]["phase"] = json!("Running");
     let w = reg.update(&pods, Some("default"), "s", v.clone(), None, &WriteOptions::default()).await.unwrap();
     assert_eq!(value(&w.object)["status"]["phase"], "Pending");
-    let w = reg.update(&pods, Some("default"), "s", v, Some("status"), &WriteOptions::default()).await.unwrap();
+    let w =
+        reg.update(&pods, Some("default"), "s", v, Some(Subresource::Status), &WriteOptions::default()).await.unwrap();
     assert_eq!(value(&w.object)["status"]["phase"], "Running");
 }
 

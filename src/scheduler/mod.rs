@@ -176,13 +176,26 @@ impl Scheduler {
         let pods = watcher(Api::<Pod>::all(self.client.clone()), config)
             .default_backoff()
             .map(|e| e.map(|e| Change::Pod(Box::new(e))));
-        let mut changes = std::pin::pin!(futures::stream::select(nodes, pods));
+        // The watches are drained as fast as they deliver, into a queue this loop works through
+        // (an informer's reflector and DeltaFIFO): a burst that keeps this loop busy (a thousand
+        // nodes uncordoned under ten thousand waiting pods) must not leave the watches so far
+        // behind that they are sent to relist everything.
+        let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
+        let drain = tokio::spawn(async move {
+            let mut watches = std::pin::pin!(futures::stream::select(nodes, pods));
+            while let Some(change) = watches.next().await {
+                if tx.send(change).is_err() {
+                    return;
+                }
+            }
+        });
+        let _drain = tokio_util::task::AbortOnDropHandle::new(drain);
         let mut loaded = Some(loaded);
         let (mut nodes_listed, mut pods_listed) = (false, false);
         // Pods and nodes known, and those seen since a relist began.
         let mut known: HashSet<String> = HashSet::new();
         let (mut relisted_pods, mut relisted_nodes): (HashSet<String>, HashSet<String>) = Default::default();
-        while let Some(change) = changes.next().await {
+        while let Some(change) = changes.recv().await {
             match change {
                 Err(e) => tracing::warn!("scheduler watch: {e}"),
                 Ok(Change::Node(event)) => match *event {

@@ -19,6 +19,7 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::{KUBE_VERSION, MAX_OUTPUT, Outcome, ProbeResult, Target, non_empty, resolve_port};
 
@@ -228,15 +229,6 @@ async fn get(request: Request, deadline: Option<Instant>) -> Result<Response, Ge
     }
 }
 
-/// Aborts a spawned task when dropped, so that an abandoned request leaves nothing running.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// One request on a new connection.
 async fn fetch(request: &Request, deadline: Option<Instant>) -> Result<Response, GetError> {
     let url = request.url();
@@ -287,7 +279,7 @@ async fn fetch(request: &Request, deadline: Option<Instant>) -> Result<Response,
         Some(Ok(handshake)) => handshake,
         Some(Err(e)) => return Err(fail(read_error(e))),
     };
-    let _connection = AbortOnDrop(tokio::spawn(async move {
+    let _connection = AbortOnDropHandle::new(tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!("probe connection closed: {e}");
         }

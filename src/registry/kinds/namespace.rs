@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{Namespace, NamespaceSpec, NamespaceStatus};
 use serde_json::{Value, json};
 
+use crate::registry::Subresource;
 use crate::registry::strategy::{AGE_COLUMN, Column, Kind, NAME_COLUMN, NameRule, ResourceInfo, age_cell, name_cell};
 
 pub struct Namespaces;
@@ -24,7 +25,7 @@ impl Kind for Namespaces {
         namespaced: false,
         short_names: &["ns"],
         categories: &[],
-        subresources: &["status", "finalize"],
+        subresources: &[Subresource::Status, Subresource::Finalize],
         storage: super::NAMESPACES_STORAGE,
         return_deleted_object: true,
     };

@@ -3,6 +3,7 @@
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
 
+use crate::registry::Subresource;
 use crate::registry::patch::{MergeKey, merge};
 use crate::registry::strategy::{AGE_COLUMN, Column, Kind, NAME_COLUMN, ResourceInfo, age_cell, name_cell};
 use crate::registry::validation::{self, ErrorList, FieldError};
@@ -22,7 +23,7 @@ impl Kind for Nodes {
         namespaced: false,
         short_names: &["no"],
         categories: &[],
-        subresources: &["status"],
+        subresources: &[Subresource::Status],
         storage: super::NODES_STORAGE,
         return_deleted_object: false,
     };

@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
 use super::pod_rules;
+use crate::registry::Subresource;
 use crate::registry::patch::{MergeKey, merge, merge_retain, primitive};
 use crate::registry::strategy::{
     AGE_COLUMN, Column, DeleteContext, Deletion, Kind, NAME_COLUMN, ResourceInfo, age_cell, field_at, human_duration,
@@ -56,7 +57,7 @@ impl Kind for Pods {
         namespaced: true,
         short_names: &["po"],
         categories: &["all"],
-        subresources: &["status", "binding", "log"],
+        subresources: &[Subresource::Status, Subresource::Binding, Subresource::Log],
         storage: "pods",
         return_deleted_object: true,
     };
