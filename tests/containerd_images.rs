@@ -660,13 +660,13 @@ async fn import_of_100_mib() {
 fn multi_platform_layout(img: &oci_image::BuiltImage, name: &str) -> Vec<u8> {
     let inner = oci_image::canonical_json(&serde_json::json!({
         "schemaVersion": 2,
-        "mediaType": oci_image::MEDIA_OCI_INDEX,
-        "manifests": [{"mediaType": oci_image::MEDIA_OCI_MANIFEST, "digest": img.manifest_digest, "size": img.manifest.len(),
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": img.manifest_digest, "size": img.manifest.len(),
                        "platform": {"os": "linux", "architecture": oci_image::host_architecture()}}],
     }));
     let index = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
-        "manifests": [{"mediaType": oci_image::MEDIA_OCI_INDEX, "digest": oci_image::sha256_digest(&inner), "size": inner.len(),
+        "manifests": [{"mediaType": "application/vnd.oci.image.index.v1+json", "digest": oci_image::sha256_digest(&inner), "size": inner.len(),
                        "annotations": {oci_image::ANNOTATION_IMAGE_NAME: name}}],
     }))
     .unwrap();
@@ -765,7 +765,7 @@ async fn same_result_as_ctr_import() {
     }
     assert_eq!(
         ctrd.image_record("docker.io/library/busybox:multi").await.target.unwrap().media_type,
-        oci_image::MEDIA_OCI_INDEX
+        "application/vnd.oci.image.index.v1+json"
     );
     assert_eq!(ctrd.run("docker.io/library/busybox:multi", &["/bin/cat", "/etc/variant"]), "multi");
 }

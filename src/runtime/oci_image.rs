@@ -5,22 +5,22 @@
 //! Output is byte-for-byte deterministic for the same inputs (sorted entries, fixed owners and mtimes,
 //! JSON with sorted keys), so importing the same built-in image at every start changes nothing.
 //!
-//! Self-contained on purpose (std, serde_json, sha2, tar, flate2 only; no `crate::` paths, no async) so
-//! integration tests can include it with `#[path]`. The reference, digest and media-type helpers here
-//! are shared with the importer.
+//! The config, manifest and index are oci-spec's typed structures. Self-contained on purpose (no
+//! `crate::` paths, no async) so integration tests can include it with `#[path]`. The reference,
+//! digest and media-type helpers here are shared with the importer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 
-use serde_json::{Value, json};
+use oci_spec::image::{
+    Arch, ConfigBuilder, Descriptor, DescriptorBuilder, ImageConfigurationBuilder, ImageIndexBuilder,
+    ImageManifestBuilder, MediaType, OciLayoutBuilder, Os, PlatformBuilder, RootFsBuilder,
+};
+use serde::Serialize;
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-pub const MEDIA_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-pub const MEDIA_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-pub const MEDIA_OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-pub const MEDIA_OCI_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
-pub const MEDIA_OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-pub const MEDIA_OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+/// Docker's media types, which oci-spec leaves to `MediaType::Other`.
 pub const MEDIA_DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 pub const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 pub const MEDIA_DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
@@ -30,6 +30,18 @@ pub const MEDIA_DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.d
 pub const ANNOTATION_IMAGE_NAME: &str = "io.containerd.image.name";
 /// The OCI annotation, usually just the tag.
 pub const ANNOTATION_REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+/// oci-spec's structures with sorted keys (see [`canonical_json`]). They always serialize: every map
+/// in them has string keys.
+pub fn canonical<T: Serialize>(value: &T) -> Vec<u8> {
+    canonical_json(&serde_json::to_value(value).expect("OCI structures serialize to JSON"))
+}
+
+/// A descriptor of `size` bytes with `digest` (a `sha256:` digest this module computed).
+fn descriptor(media_type: MediaType, digest: &str, size: usize) -> DescriptorBuilder {
+    let digest: oci_spec::image::Digest = digest.parse().expect("a sha256 digest computed here");
+    DescriptorBuilder::default().media_type(media_type).digest(digest).size(size as u64)
+}
 
 /// `sha256:<hex>` of `data`.
 pub fn sha256_digest(data: &[u8]) -> String {
@@ -218,7 +230,7 @@ pub struct BuiltImage {
     /// The layer blob as stored (uncompressed, or gzip when asked for).
     pub layer: Vec<u8>,
     pub layer_digest: String,
-    pub layer_media_type: &'static str,
+    pub layer_media_type: MediaType,
     /// Digest of the uncompressed layer tar (the config's `rootfs.diff_ids[0]`).
     pub diff_id: String,
     pub config: Vec<u8>,
@@ -352,32 +364,36 @@ impl ImageBuilder {
         tar.into_inner().expect("writing a tar to memory")
     }
 
+    // The builders below fail only when a required field is missing; every one is set.
     fn config_json(&self, diff_id: &str) -> Vec<u8> {
-        let mut config = serde_json::Map::new();
+        let mut config = ConfigBuilder::default();
         if let Some(e) = &self.entrypoint {
-            config.insert("Entrypoint".into(), json!(e));
+            config = config.entrypoint(e.clone());
         }
         if let Some(c) = &self.cmd {
-            config.insert("Cmd".into(), json!(c));
+            config = config.cmd(c.clone());
         }
         if !self.env.is_empty() {
-            config.insert("Env".into(), json!(self.env));
+            config = config.env(self.env.clone());
         }
         if let Some(w) = &self.working_dir {
-            config.insert("WorkingDir".into(), json!(w));
+            config = config.working_dir(w.clone());
         }
         if let Some(u) = &self.user {
-            config.insert("User".into(), json!(u));
+            config = config.user(u.clone());
         }
         if !self.labels.is_empty() {
-            config.insert("Labels".into(), json!(self.labels));
+            config = config.labels(self.labels.clone().into_iter().collect::<HashMap<_, _>>());
         }
-        canonical_json(&json!({
-            "architecture": self.architecture,
-            "os": self.os,
-            "config": Value::Object(config),
-            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        }))
+        let rootfs = RootFsBuilder::default().typ("layers").diff_ids(vec![diff_id.to_string()]);
+        let image = ImageConfigurationBuilder::default()
+            .architecture(Arch::from(self.architecture.as_str()))
+            .os(Os::from(self.os.as_str()))
+            .config(config.build().expect("an image config"))
+            .rootfs(rootfs.build().expect("an image rootfs"))
+            .build()
+            .expect("an image configuration");
+        canonical(&image)
     }
 
     /// Layer, config, manifest and index with their digests.
@@ -388,34 +404,42 @@ impl ImageBuilder {
             // No file name and mtime 0 in the gzip header: the same bytes every time.
             let mut gz = flate2::GzBuilder::new().mtime(0).write(Vec::new(), flate2::Compression::default());
             gz.write_all(&tar).expect("compressing in memory");
-            (gz.finish().expect("compressing in memory"), MEDIA_OCI_LAYER_GZIP)
+            (gz.finish().expect("compressing in memory"), MediaType::ImageLayerGzip)
         } else {
-            (tar, MEDIA_OCI_LAYER)
+            (tar, MediaType::ImageLayer)
         };
         let layer_digest = sha256_digest(&layer);
         let config = self.config_json(&diff_id);
         let config_digest = sha256_digest(&config);
-        let manifest = canonical_json(&json!({
-            "schemaVersion": 2,
-            "mediaType": MEDIA_OCI_MANIFEST,
-            "config": {"mediaType": MEDIA_OCI_CONFIG, "digest": config_digest, "size": config.len()},
-            "layers": [{"mediaType": layer_media_type, "digest": layer_digest, "size": layer.len()}],
-        }));
+        let built = |d: DescriptorBuilder| -> Descriptor { d.build().expect("a descriptor") };
+        let manifest = ImageManifestBuilder::default()
+            .schema_version(2u32)
+            .media_type(MediaType::ImageManifest)
+            .config(built(descriptor(MediaType::ImageConfig, &config_digest, config.len())))
+            .layers(vec![built(descriptor(layer_media_type.clone(), &layer_digest, layer.len()))])
+            .build()
+            .expect("an image manifest");
+        let manifest = canonical(&manifest);
         let manifest_digest = sha256_digest(&manifest);
-        let index = canonical_json(&json!({
-            "schemaVersion": 2,
-            "mediaType": MEDIA_OCI_INDEX,
-            "manifests": [{
-                "mediaType": MEDIA_OCI_MANIFEST,
-                "digest": manifest_digest,
-                "size": manifest.len(),
-                "annotations": {
-                    ANNOTATION_IMAGE_NAME: self.reference,
-                    ANNOTATION_REF_NAME: reference_tag(&self.reference),
-                },
-                "platform": {"architecture": self.architecture, "os": self.os},
-            }],
-        }));
+        let platform = PlatformBuilder::default()
+            .architecture(Arch::from(self.architecture.as_str()))
+            .os(Os::from(self.os.as_str()))
+            .build()
+            .expect("a platform");
+        let annotations = HashMap::from([
+            (ANNOTATION_IMAGE_NAME.to_string(), self.reference.clone()),
+            (ANNOTATION_REF_NAME.to_string(), reference_tag(&self.reference).to_string()),
+        ]);
+        let entry = descriptor(MediaType::ImageManifest, &manifest_digest, manifest.len())
+            .annotations(annotations)
+            .platform(platform);
+        let index = ImageIndexBuilder::default()
+            .schema_version(2u32)
+            .media_type(MediaType::ImageIndex)
+            .manifests(vec![built(entry)])
+            .build()
+            .expect("an image index");
+        let index = canonical(&index);
         BuiltImage {
             reference: self.reference.clone(),
             layer,
@@ -468,7 +492,8 @@ impl ImageBuilder {
         for (digest, data) in blobs {
             file(&mut tar, &format!("blobs/sha256/{}", digest.trim_start_matches("sha256:")), data);
         }
-        file(&mut tar, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+        let layout = OciLayoutBuilder::default().image_layout_version("1.0.0").build().expect("an image layout");
+        file(&mut tar, "oci-layout", &canonical(&layout));
         file(&mut tar, "index.json", &img.index);
         tar.into_inner().expect("writing a tar to memory")
     }
@@ -536,7 +561,7 @@ mod tests {
 
     #[test]
     fn canonical_json_sorts_keys() {
-        let v = json!({"b": 1, "a": {"d": [1, "x"], "c": null}});
+        let v = serde_json::json!({"b": 1, "a": {"d": [1, "x"], "c": null}});
         assert_eq!(canonical_json(&v), br#"{"a":{"c":null,"d":[1,"x"]},"b":1}"#);
     }
 
@@ -630,7 +655,7 @@ mod tests {
             let index: Value = serde_json::from_slice(&file("index.json")).unwrap();
             assert_eq!(index["schemaVersion"], 2);
             let m = &index["manifests"][0];
-            assert_eq!(m["mediaType"], MEDIA_OCI_MANIFEST);
+            assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
             assert_eq!(m["annotations"][ANNOTATION_IMAGE_NAME], "docker.io/library/busybox:test");
             assert_eq!(m["annotations"][ANNOTATION_REF_NAME], "test");
             assert_eq!(m["platform"]["os"], "linux");
@@ -641,25 +666,25 @@ mod tests {
             assert_eq!(manifest["schemaVersion"], 2);
             let config_bytes = blob(manifest["config"]["digest"].as_str().unwrap());
             assert_eq!(manifest["config"]["size"], config_bytes.len());
-            assert_eq!(manifest["config"]["mediaType"], MEDIA_OCI_CONFIG);
+            assert_eq!(manifest["config"]["mediaType"], "application/vnd.oci.image.config.v1+json");
             let layer_bytes = blob(manifest["layers"][0]["digest"].as_str().unwrap());
             assert_eq!(manifest["layers"][0]["size"], layer_bytes.len());
             let config: Value = serde_json::from_slice(&config_bytes).unwrap();
             let uncompressed = if gzip {
-                assert_eq!(manifest["layers"][0]["mediaType"], MEDIA_OCI_LAYER_GZIP);
+                assert_eq!(manifest["layers"][0]["mediaType"], "application/vnd.oci.image.layer.v1.tar+gzip");
                 let mut out = Vec::new();
                 flate2::read::GzDecoder::new(layer_bytes.as_slice()).read_to_end(&mut out).unwrap();
                 out
             } else {
-                assert_eq!(manifest["layers"][0]["mediaType"], MEDIA_OCI_LAYER);
+                assert_eq!(manifest["layers"][0]["mediaType"], "application/vnd.oci.image.layer.v1.tar");
                 layer_bytes
             };
             assert_eq!(config["rootfs"]["diff_ids"][0], sha256_digest(&uncompressed));
             assert_eq!(config["rootfs"]["type"], "layers");
             assert_eq!(config["architecture"], host_architecture());
-            assert_eq!(config["config"]["Entrypoint"], json!(["/bin/sh", "-c"]));
-            assert_eq!(config["config"]["Cmd"], json!(["echo hi"]));
-            assert_eq!(config["config"]["Env"], json!(["PATH=/bin"]));
+            assert_eq!(config["config"]["Entrypoint"], serde_json::json!(["/bin/sh", "-c"]));
+            assert_eq!(config["config"]["Cmd"], serde_json::json!(["echo hi"]));
+            assert_eq!(config["config"]["Env"], serde_json::json!(["PATH=/bin"]));
             assert_eq!(config["config"]["User"], "0:0");
             assert_eq!(config["config"]["WorkingDir"], "/");
         }
@@ -690,7 +715,7 @@ mod tests {
         assert_eq!(std::fs::read_link(rootfs.join("bin/sh")).unwrap().to_str(), Some("busybox"));
         assert_eq!(std::fs::read(rootfs.join("etc/deep/nested/dir/file.conf")).unwrap(), b"x=1\n");
         let config: Value = serde_json::from_slice(&std::fs::read(tmp.join("bundle/config.json")).unwrap()).unwrap();
-        assert_eq!(config["process"]["args"], json!(["/bin/sh", "-c", "echo hi"]));
+        assert_eq!(config["process"]["args"], serde_json::json!(["/bin/sh", "-c", "echo hi"]));
         let _ = std::fs::remove_dir_all(&tmp);
     }
 }

@@ -1,6 +1,10 @@
 //! Reading image tarballs: OCI layouts and `docker save` archives (plain, gzip or zstd), collected
 //! into blobs and image records, with progress.
 
+use oci_spec::image::{
+    Descriptor, DescriptorBuilder, ImageConfiguration, ImageIndex, ImageManifest, ImageManifestBuilder, MediaType,
+};
+
 use super::*;
 
 pub(super) trait ReadSeek: Read + Seek + Send {}
@@ -144,27 +148,9 @@ pub(super) fn valid_digest(d: &str) -> bool {
     d.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-#[derive(Debug, Clone, Deserialize)]
-pub(super) struct JsonDescriptor {
-    #[serde(rename = "mediaType", default)]
-    media_type: String,
-    digest: String,
-    size: i64,
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Deserialize)]
-pub(super) struct JsonIndex {
-    #[serde(default)]
-    manifests: Option<Vec<JsonDescriptor>>,
-}
-
-#[derive(Debug, Deserialize)]
-pub(super) struct JsonManifest {
-    config: Option<JsonDescriptor>,
-    #[serde(default)]
-    layers: Vec<JsonDescriptor>,
+/// A descriptor's annotations, in order.
+fn annotations(desc: &Descriptor) -> BTreeMap<String, String> {
+    desc.annotations().iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 /// One entry of a `docker save` manifest.json.
@@ -428,19 +414,20 @@ impl<'a> Collector<'a> {
     }
 
     fn images_from_index(&mut self, bytes: &[u8]) -> Result<Vec<(String, Target)>> {
-        let index: JsonIndex = serde_json::from_slice(bytes).context("invalid JSON")?;
-        let Some(manifests) = index.manifests else { bail!("not an image index (no \"manifests\")") };
+        let index: serde_json::Value = serde_json::from_slice(bytes).context("invalid JSON")?;
+        let index: ImageIndex = serde_json::from_value(index).context("not an OCI image index")?;
         let mut images = Vec::new();
-        for (i, desc) in manifests.iter().enumerate() {
-            let Some(name) = image_name(&desc.annotations).with_context(|| format!("manifests[{i}]"))? else {
+        for (i, desc) in index.manifests().iter().enumerate() {
+            let annotations = annotations(desc);
+            let Some(name) = image_name(&annotations).with_context(|| format!("manifests[{i}]"))? else {
                 continue;
             };
-            self.walk(desc, 0, true).with_context(|| format!("image {name} ({})", desc.digest))?;
+            self.walk(desc, 0, true).with_context(|| format!("image {name} ({})", desc.digest()))?;
             let target = Target {
-                media_type: desc.media_type.clone(),
-                digest: desc.digest.clone(),
-                size: desc.size,
-                annotations: desc.annotations.clone(),
+                media_type: desc.media_type().to_string(),
+                digest: desc.digest().to_string(),
+                size: desc.size() as i64,
+                annotations,
             };
             images.push((name, target));
         }
@@ -448,82 +435,94 @@ impl<'a> Collector<'a> {
     }
 
     /// The bytes of a manifest or index: from the tarball, else from the store.
-    fn json_blob(&mut self, desc: &JsonDescriptor, required: bool) -> Result<Option<Vec<u8>>> {
-        let in_tar = self.blobs.get(&desc.digest).and_then(|p| self.files.get(p)).and_then(|f| f.data.clone());
+    fn json_blob(&mut self, desc: &Descriptor, required: bool) -> Result<Option<Vec<u8>>> {
+        let digest = desc.digest().to_string();
+        let in_tar = self.blobs.get(&digest).and_then(|p| self.files.get(p)).and_then(|f| f.data.clone());
         let bytes = match in_tar {
             Some(b) => b,
-            None if self.present(&desc.digest)? => self.store.read(&desc.digest, JSON_LIMIT)?,
-            None if required => bail!("{} is missing from the tarball", desc.digest),
+            None if self.present(&digest)? => self.store.read(&digest, JSON_LIMIT)?,
+            None if required => bail!("{digest} is missing from the tarball"),
             None => return Ok(None),
         };
-        if bytes.len() as i64 != desc.size {
-            bail!("{} is {} bytes, its descriptor says {}", desc.digest, bytes.len(), desc.size);
+        if bytes.len() as u64 != desc.size() {
+            bail!("{digest} is {} bytes, its descriptor says {}", bytes.len(), desc.size());
         }
         Ok(Some(bytes))
     }
 
     /// Checks that a manifest (or an index and what it lists) is complete, and labels it so GC keeps
     /// its children. `required`: missing content is an error rather than a platform left out.
-    fn walk(&mut self, desc: &JsonDescriptor, depth: usize, required: bool) -> Result<bool> {
+    fn walk(&mut self, desc: &Descriptor, depth: usize, required: bool) -> Result<bool> {
+        let digest = desc.digest().to_string();
         if depth > 8 {
             bail!("indexes nested too deeply");
         }
-        if !valid_digest(&desc.digest) {
-            bail!("malformed digest {:?}", desc.digest);
+        if !valid_digest(&digest) {
+            bail!("unsupported digest {digest:?}: only sha256 is");
         }
         let Some(bytes) = self.json_blob(desc, required)? else {
-            tracing::debug!("{} ({}) is not in the tarball; skipped", desc.digest, desc.media_type);
+            tracing::debug!("{digest} ({}) is not in the tarball; skipped", desc.media_type());
             return Ok(false);
         };
-        let media_type =
-            if desc.media_type.is_empty() { sniff_json_media_type(&bytes) } else { desc.media_type.clone() };
-        match media_type.as_str() {
-            oci_image::MEDIA_OCI_INDEX | oci_image::MEDIA_DOCKER_MANIFEST_LIST => {
-                let index: JsonIndex =
-                    serde_json::from_slice(&bytes).with_context(|| format!("index {}", desc.digest))?;
-                let children = index.manifests.unwrap_or_default();
-                let mut labels = BTreeMap::new();
-                let mut present = 0;
-                for (i, child) in children.iter().enumerate() {
-                    labels.insert(format!("containerd.io/gc.ref.content.m.{i}"), child.digest.clone());
-                    if self.walk(child, depth + 1, false).with_context(|| format!("index {}", desc.digest))? {
-                        present += 1;
-                    }
-                }
-                if present == 0 && !children.is_empty() {
-                    bail!("none of the {} manifests of index {} is in the tarball", children.len(), desc.digest);
-                }
-                self.label(&desc.digest, labels)?;
-                Ok(true)
+        match desc.media_type() {
+            MediaType::ImageIndex => self.walk_index(&digest, &bytes, depth),
+            MediaType::Other(m) if m == oci_image::MEDIA_DOCKER_MANIFEST_LIST => {
+                self.walk_index(&digest, &bytes, depth)
             }
-            oci_image::MEDIA_OCI_MANIFEST | oci_image::MEDIA_DOCKER_MANIFEST => {
-                let manifest: JsonManifest =
-                    serde_json::from_slice(&bytes).with_context(|| format!("manifest {}", desc.digest))?;
-                let Some(config) = &manifest.config else { bail!("manifest {} has no config", desc.digest) };
-                let mut labels = BTreeMap::from([(LABEL_GC_CONFIG.to_string(), config.digest.clone())]);
-                let mut missing = Vec::new();
-                if !valid_digest(&config.digest) || !self.present(&config.digest)? {
-                    missing.push(format!("config {}", config.digest));
-                }
-                for (i, layer) in manifest.layers.iter().enumerate() {
-                    labels.insert(format!("containerd.io/gc.ref.content.l.{i}"), layer.digest.clone());
-                    if !valid_digest(&layer.digest) || !self.present(&layer.digest)? {
-                        missing.push(format!("layer {} ({} of {})", layer.digest, i + 1, manifest.layers.len()));
-                    }
-                }
-                self.label(&desc.digest, labels)?;
-                if !missing.is_empty() {
-                    if required {
-                        bail!("manifest {}: {} missing from the tarball", desc.digest, missing.join(", "));
-                    }
-                    tracing::debug!("manifest {} is incomplete in the tarball; skipped", desc.digest);
-                    return Ok(false);
-                }
-                Ok(true)
+            MediaType::ImageManifest => self.walk_manifest(&digest, &bytes, required),
+            MediaType::Other(m) if m == oci_image::MEDIA_DOCKER_MANIFEST => {
+                self.walk_manifest(&digest, &bytes, required)
             }
-            other if required => bail!("{}: unsupported media type {other:?}", desc.digest),
+            other if required => bail!("{digest}: unsupported media type {:?}", other.to_string()),
             _ => Ok(false),
         }
+    }
+
+    /// An index (or Docker manifest list): the manifests of it that are in the tarball.
+    fn walk_index(&mut self, digest: &str, bytes: &[u8], depth: usize) -> Result<bool> {
+        let index: ImageIndex = serde_json::from_slice(bytes).with_context(|| format!("index {digest}"))?;
+        let children = index.manifests();
+        let mut labels = BTreeMap::new();
+        let mut present = 0;
+        for (i, child) in children.iter().enumerate() {
+            labels.insert(format!("containerd.io/gc.ref.content.m.{i}"), child.digest().to_string());
+            if self.walk(child, depth + 1, false).with_context(|| format!("index {digest}"))? {
+                present += 1;
+            }
+        }
+        if present == 0 && !children.is_empty() {
+            bail!("none of the {} manifests of index {digest} is in the tarball", children.len());
+        }
+        self.label(digest, labels)?;
+        Ok(true)
+    }
+
+    /// A manifest: complete when its config and layers are all in the store.
+    fn walk_manifest(&mut self, digest: &str, bytes: &[u8], required: bool) -> Result<bool> {
+        let manifest: ImageManifest = serde_json::from_slice(bytes).with_context(|| format!("manifest {digest}"))?;
+        let config = manifest.config().digest().to_string();
+        let mut labels = BTreeMap::from([(LABEL_GC_CONFIG.to_string(), config.clone())]);
+        let mut missing = Vec::new();
+        if !valid_digest(&config) || !self.present(&config)? {
+            missing.push(format!("config {config}"));
+        }
+        let layers = manifest.layers();
+        for (i, layer) in layers.iter().enumerate() {
+            let layer = layer.digest().to_string();
+            labels.insert(format!("containerd.io/gc.ref.content.l.{i}"), layer.clone());
+            if !valid_digest(&layer) || !self.present(&layer)? {
+                missing.push(format!("layer {layer} ({} of {})", i + 1, layers.len()));
+            }
+        }
+        self.label(digest, labels)?;
+        if !missing.is_empty() {
+            if required {
+                bail!("manifest {digest}: {} missing from the tarball", missing.join(", "));
+            }
+            tracing::debug!("manifest {digest} is incomplete in the tarball; skipped");
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Sets the GC labels a blob lacks (nothing when they are all there already).
@@ -574,22 +573,24 @@ impl<'a> Collector<'a> {
                 let (digest, size, compression) =
                     self.store_file(layer).with_context(|| format!("[{n}].Layers[{i}]"))?;
                 let media_type = match compression {
-                    Compression::None => oci_image::MEDIA_DOCKER_LAYER,
-                    Compression::Gzip => oci_image::MEDIA_DOCKER_LAYER_GZIP,
-                    Compression::Zstd => oci_image::MEDIA_OCI_LAYER_ZSTD,
+                    Compression::None => MediaType::Other(oci_image::MEDIA_DOCKER_LAYER.into()),
+                    Compression::Gzip => MediaType::Other(oci_image::MEDIA_DOCKER_LAYER_GZIP.into()),
+                    Compression::Zstd => MediaType::ImageLayerZstd,
                 };
                 labels.insert(format!("containerd.io/gc.ref.content.l.{i}"), digest.clone());
-                layers.push(go_descriptor(media_type, &digest, size));
+                layers.push(descriptor(media_type, &digest, size)?);
             }
-            // Byte for byte what containerd's importer writes (Go's json.Marshal of its struct), so
-            // the manifest digest is the one `ctr images import` gives the same archive.
-            let manifest = format!(
-                r#"{{"schemaVersion":2,"mediaType":"{}","config":{},"layers":[{}]}}"#,
-                oci_image::MEDIA_DOCKER_MANIFEST,
-                go_descriptor(oci_image::MEDIA_DOCKER_CONFIG, &config_digest, config_size),
-                layers.join(",")
-            )
-            .into_bytes();
+            let config =
+                descriptor(MediaType::Other(oci_image::MEDIA_DOCKER_CONFIG.into()), &config_digest, config_size)?;
+            let manifest = ImageManifestBuilder::default()
+                .schema_version(2u32)
+                .media_type(MediaType::Other(oci_image::MEDIA_DOCKER_MANIFEST.into()))
+                .config(config)
+                .layers(layers)
+                .build()?;
+            // Serialized in field order, as Go's json.Marshal writes containerd's struct: byte for
+            // byte what its importer writes, so the digest is the one `ctr images import` gives.
+            let manifest = serde_json::to_vec(&manifest)?;
             let digest = sha256_digest(&manifest);
             if !self.present(&digest)? {
                 write_all(self.store, &digest, &manifest)?;
@@ -620,9 +621,10 @@ impl<'a> Collector<'a> {
     }
 }
 
-/// A descriptor as Go's encoding/json writes an OCI descriptor (field order mediaType, digest, size).
-pub(super) fn go_descriptor(media_type: &str, digest: &str, size: u64) -> String {
-    format!(r#"{{"mediaType":"{media_type}","digest":"{digest}","size":{size}}}"#)
+/// A descriptor of a blob in the store.
+fn descriptor(media_type: MediaType, digest: &str, size: u64) -> Result<Descriptor> {
+    let digest: oci_spec::image::Digest = digest.parse().with_context(|| format!("digest {digest:?}"))?;
+    Ok(DescriptorBuilder::default().media_type(media_type).digest(digest).size(size).build()?)
 }
 
 /// What follows the repository in a normalized reference (`latest`, `1.0@sha256:...`): containerd's
@@ -633,20 +635,6 @@ pub(super) fn oci_ref_name(normalized: &str) -> &str {
     match normalized[last_slash..name_end].find(':') {
         Some(i) => &normalized[last_slash + i + 1..],
         None => &normalized[name_end..],
-    }
-}
-
-pub(super) fn sniff_json_media_type(bytes: &[u8]) -> String {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) else { return String::new() };
-    if let Some(m) = v.get("mediaType").and_then(|m| m.as_str()) {
-        return m.to_string();
-    }
-    if v.get("manifests").is_some() {
-        oci_image::MEDIA_OCI_INDEX.into()
-    } else if v.get("config").is_some() {
-        oci_image::MEDIA_OCI_MANIFEST.into()
-    } else {
-        String::new()
     }
 }
 
@@ -738,17 +726,10 @@ pub(super) fn prescan(src: &mut (impl Read + Seek)) -> Result<HashMap<String, St
         if config_at.1 > JSON_LIMIT {
             continue;
         }
-        #[derive(Deserialize)]
-        struct RootFs {
-            #[serde(default)]
-            diff_ids: Vec<String>,
-        }
-        #[derive(Deserialize)]
-        struct Config {
-            rootfs: Option<RootFs>,
-        }
-        let Ok(config) = serde_json::from_slice::<Config>(&read_at(src, config_at, JSON_LIMIT)?) else { continue };
-        let diff_ids = config.rootfs.map(|r| r.diff_ids).unwrap_or_default();
+        let Ok(config) = serde_json::from_slice::<ImageConfiguration>(&read_at(src, config_at, JSON_LIMIT)?) else {
+            continue;
+        };
+        let diff_ids = config.rootfs().diff_ids().clone();
         if diff_ids.len() != entry.layers.len() {
             continue;
         }

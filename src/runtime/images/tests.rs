@@ -199,7 +199,7 @@ fn imports_an_oci_layout_and_reimports_for_free() {
     assert_eq!(labels[LABEL_GC_CONFIG], built.config_digest);
     assert_eq!(labels["containerd.io/gc.ref.content.l.0"], built.layer_digest);
     let target = store.images.lock().unwrap()["docker.io/library/busybox:test"].clone();
-    assert_eq!(target.media_type, oci_image::MEDIA_OCI_MANIFEST);
+    assert_eq!(target.media_type, "application/vnd.oci.image.manifest.v1+json");
     assert_eq!(target.size, built.manifest.len() as i64);
 
     let before = store.written();
@@ -397,18 +397,18 @@ fn multi_platform_index_is_the_target() {
     let built = image("multi", 10).build();
     let other = format!("sha256:{}", "e".repeat(64));
     let inner = canonical_json(&json!({
-        "schemaVersion": 2, "mediaType": oci_image::MEDIA_OCI_INDEX,
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [
-            {"mediaType": oci_image::MEDIA_OCI_MANIFEST, "digest": built.manifest_digest, "size": built.manifest.len(),
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": built.manifest_digest, "size": built.manifest.len(),
              "platform": {"os": "linux", "architecture": "amd64"}},
             // Another platform, left out of the tarball.
-            {"mediaType": oci_image::MEDIA_OCI_MANIFEST, "digest": other, "size": 100,
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": other, "size": 100,
              "platform": {"os": "linux", "architecture": "arm64"}},
         ]
     }));
     let inner_digest = sha256_digest(&inner);
     let index = json!({"schemaVersion": 2, "manifests": [{
-        "mediaType": oci_image::MEDIA_OCI_INDEX, "digest": inner_digest, "size": inner.len(),
+        "mediaType": "application/vnd.oci.image.index.v1+json", "digest": inner_digest, "size": inner.len(),
         "annotations": {oci_image::ANNOTATION_REF_NAME: "docker.io/library/multi:1"}
     }]});
     let path = format!("blobs/sha256/{}", inner_digest.trim_start_matches("sha256:"));
@@ -420,7 +420,10 @@ fn multi_platform_index_is_the_target() {
     let labels = store.labels(&inner_digest);
     assert_eq!(labels["containerd.io/gc.ref.content.m.0"], built.manifest_digest);
     assert_eq!(labels["containerd.io/gc.ref.content.m.1"], other);
-    assert_eq!(store.images.lock().unwrap()["docker.io/library/multi:1"].media_type, oci_image::MEDIA_OCI_INDEX);
+    assert_eq!(
+        store.images.lock().unwrap()["docker.io/library/multi:1"].media_type,
+        "application/vnd.oci.image.index.v1+json"
+    );
 }
 
 fn err_of(tar: &[u8]) -> String {
@@ -478,7 +481,7 @@ fn corrupt_inputs_give_clear_errors() {
 
     // index.json names a manifest that is not there.
     let index = json!({"schemaVersion": 2, "manifests": [{
-        "mediaType": oci_image::MEDIA_OCI_MANIFEST, "digest": format!("sha256:{}", "a".repeat(64)), "size": 10,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": format!("sha256:{}", "a".repeat(64)), "size": 10,
         "annotations": {oci_image::ANNOTATION_IMAGE_NAME: "x:1"}}]});
     let e = err_of(&with_index(&good, &index, &[]));
     assert!(e.contains("is missing from the tarball"), "{e}");
@@ -502,7 +505,7 @@ fn corrupt_inputs_give_clear_errors() {
     assert!(e.contains("index.json: invalid JSON"), "{e}");
     // No name anywhere.
     let index = json!({"schemaVersion": 2, "manifests": [{
-        "mediaType": oci_image::MEDIA_OCI_MANIFEST, "digest": built.manifest_digest, "size": built.manifest.len(),
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": built.manifest_digest, "size": built.manifest.len(),
         "annotations": {oci_image::ANNOTATION_REF_NAME: "latest"}}]});
     let e = err_of(&with_index(&good, &index, &[]));
     assert!(e.contains("index.json names no image"), "{e}");
