@@ -1,6 +1,8 @@
 //! The small node-local plugins: SchedulingGates, PrioritySort, NodeUnschedulable, NodeName,
 //! NodePorts and TaintToleration.
 
+use std::sync::LazyLock;
+
 use k8s_openapi::api::core::v1::Taint;
 
 use super::node_hint;
@@ -61,12 +63,13 @@ impl Plugin for NodeUnschedulable {
     }
 
     fn filter(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
-        let taint = || Taint {
+        // Built once: this runs for every cordoned node in every scheduling cycle.
+        static TAINT: LazyLock<Taint> = LazyLock::new(|| Taint {
             key: "node.kubernetes.io/unschedulable".into(),
             effect: "NoSchedule".into(),
             ..Default::default()
-        };
-        if node.node.unschedulable && !tolerates(&pod.tolerations, &taint()) {
+        });
+        if node.node.unschedulable && !tolerates(&pod.tolerations, &TAINT) {
             return Status::unresolvable("node(s) were unschedulable");
         }
         Status::success()
