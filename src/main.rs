@@ -368,6 +368,18 @@ fn init_logging(filter: &str) {
         .init();
 }
 
+/// At most two glibc malloc arenas (its default is eight per core): every thread that allocates may
+/// otherwise get an arena of its own that keeps what it freed, and fragmentation across them costs
+/// a small device megabytes (about 4.5 MiB of RSS with 50 pods in `cargo bench --bench agent`). Set
+/// before the server's threads start.
+fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a tunable of the allocator; it is called before other threads exist.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // containerd runs this same binary as the pod network's CNI plugin.
     if net::is_cni_invocation() {
@@ -478,6 +490,7 @@ fn run_server(args: ServerArgs) -> Result<()> {
     let args = with_config_file(args)?;
     init_logging(&args.log);
     let cfg = server_config(args)?;
+    limit_malloc_arenas();
     // Two worker threads suit the small machines cairn runs on.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
