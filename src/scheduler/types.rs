@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
+    Affinity, Container, Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, Taint, Toleration,
     TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -159,9 +159,10 @@ impl PodInfo {
     /// Extracts the scheduling facts from a pod.
     pub fn from_pod(pod: &Pod) -> Self {
         let meta = &pod.metadata;
-        let spec = pod.spec.clone().unwrap_or_default();
+        let none = PodSpec::default();
+        let spec = pod.spec.as_ref().unwrap_or(&none);
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
-        let (requests, non_zero_milli_cpu, non_zero_memory) = pod_requests(&spec);
+        let (requests, non_zero_milli_cpu, non_zero_memory) = pod_requests(spec);
         let host_ports = spec
             .containers
             .iter()
