@@ -50,13 +50,6 @@ impl ClientApi {
     }
 }
 
-fn code(e: &kube::Error) -> Option<(u16, &str)> {
-    match e {
-        kube::Error::Api(s) => Some((s.code, s.message.as_str())),
-        _ => None,
-    }
-}
-
 impl PodApi for ClientApi {
     /// A merge patch, as kubelet's status manager sends (with the UID, which the API refuses to
     /// change, so a replaced pod is left alone): fields other components own in the status
@@ -67,10 +60,7 @@ impl PodApi for ClientApi {
             match self.pods(pod).patch_status(spec::name(pod), &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(written) => Ok(written.metadata.resource_version.and_then(|v| v.parse().ok()).unwrap_or(0)),
                 // Gone, or another pod now: the UID in the patch differs from the stored one.
-                Err(e)
-                    if matches!(code(&e), Some((404, _)))
-                        || code(&e).is_some_and(|(c, m)| c == 422 && m.contains("metadata.uid")) =>
-                {
+                Err(kube::Error::Api(s)) if s.code == 404 || (s.code == 422 && s.message.contains("metadata.uid")) => {
                     Err(WriteError::Gone)
                 }
                 Err(e) => Err(e.into()),
@@ -89,7 +79,7 @@ impl PodApi for ClientApi {
             match self.pods(pod).delete(spec::name(pod), &params).await {
                 Ok(_) => Ok(()),
                 // Gone, or the UID precondition failed: a successor has the name.
-                Err(e) if matches!(code(&e), Some((404 | 409, _))) => Err(WriteError::Gone),
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Err(WriteError::Gone),
                 Err(e) => Err(e.into()),
             }
         })

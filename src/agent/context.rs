@@ -13,7 +13,7 @@ use kube::runtime::reflector::{self, Store};
 use serde_json::Value;
 
 use super::backoff::Backoff;
-use super::cluster::{PodApi, WriteError};
+use super::cluster::PodApi;
 use super::env::EnvError;
 use super::objects::Wanted;
 use super::probes::{self, Kind, ProbeManager};
@@ -283,11 +283,6 @@ impl Ctx {
             }
         }
         None
-    }
-
-    /// Writes the pod's status if it is still the same pod (UID); returns the resourceVersion written.
-    pub async fn write_status(&self, pod: &Pod, status: Value) -> Result<u64, WriteError> {
-        self.api.write_status(pod, status).await
     }
 
     /// `SyncTerminatedPod`: the pod's volumes and cgroup go once its containers are stopped.

@@ -136,11 +136,10 @@ impl Pods {
     /// The pod `namespace/name` among this node's, as its worker has it (gone ones too, until
     /// their worker ends).
     pub fn find(&self, namespace: &str, name: &str) -> Option<Pod> {
-        self.workers().values().find_map(|h| match &*h.tx.borrow() {
-            Update::Pod(p) | Update::Removed(p) if spec::namespace(p) == namespace && spec::name(p) == name => {
-                Some((**p).clone())
-            }
-            _ => None,
+        self.workers().values().find_map(|h| {
+            let update = h.tx.borrow();
+            let p = update.pod();
+            (spec::namespace(p) == namespace && spec::name(p) == name).then(|| (**p).clone())
         })
     }
 
@@ -326,7 +325,7 @@ impl Pods {
             let status =
                 json!({"phase": "Failed", "reason": reason, "message": format!("Pod was rejected: {message}")});
             for _ in 0..10 {
-                match ctx.write_status(&pod, status.clone()).await {
+                match ctx.api.write_status(&pod, status.clone()).await {
                     // Written, or gone or replaced: nothing to reject any more.
                     Ok(_) | Err(WriteError::Gone) => return,
                     Err(e) => tracing::warn!("pod {}: writing status: {e}", spec::full_name(&pod)),
@@ -398,9 +397,7 @@ impl Pods {
             let reason = if matches!(event.what, What::Warning { .. }) { "ProbeWarning" } else { "Unhealthy" };
             match event.what {
                 What::Failed { message } | What::Warning { message } => {
-                    let pod = self.workers().get(&event.uid).map(|h| match &*h.tx.borrow() {
-                        Update::Pod(p) | Update::Removed(p) => p.clone(),
-                    });
+                    let pod = self.workers().get(&event.uid).map(|h| h.tx.borrow().pod().clone());
                     if let Some(pod) = pod {
                         self.ctx.event(&pod, EventType::Warning, reason, message);
                     }

@@ -38,6 +38,15 @@ pub enum Update {
     Removed(Arc<Pod>),
 }
 
+impl Update {
+    /// The pod, whether or not it is gone from the API.
+    pub fn pod(&self) -> &Arc<Pod> {
+        match self {
+            Update::Pod(p) | Update::Removed(p) => p,
+        }
+    }
+}
+
 /// How long a failed sync waits before it is tried again (kubelet's pod worker backoff).
 const RETRY: Duration = Duration::from_secs(10);
 /// How often a quiet pod is looked at anyway (kubelet's `syncFrequency`).
@@ -919,7 +928,7 @@ impl Worker {
             self.unpublished = false;
             return phase;
         }
-        match self.ctx.write_status(&self.pod, value.clone()).await {
+        match self.ctx.api.write_status(&self.pod, value.clone()).await {
             Ok(rv) => {
                 self.written = Some((status, value, rv));
                 self.unpublished = false;

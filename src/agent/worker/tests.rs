@@ -82,7 +82,8 @@ fn start(runtime: Arc<FakeRuntime>, pod: Pod) -> Harness {
     let ctx = Arc::new(Ctx::new(runtime.clone(), api.clone(), host, probes, exec, health));
     let (tx, rx) = watch::channel(Update::Pod(Arc::new(pod)));
     let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
-    let worker = Worker::new(ctx.clone(), tx.borrow().pod(), rx, wake.clone(), Arc::new(AtomicBool::new(false)));
+    let worker =
+        Worker::new(ctx.clone(), tx.borrow().pod().clone(), rx, wake.clone(), Arc::new(AtomicBool::new(false)));
     let task = tokio::spawn(worker.run(shutdown.clone()));
     let (routed, woken) = (ctx.clone(), wake.clone());
     tokio::spawn(async move {
@@ -94,14 +95,6 @@ fn start(runtime: Arc<FakeRuntime>, pod: Pod) -> Harness {
         }
     });
     Harness { ctx, runtime, api, tx, wake, shutdown, task, _dir: dir }
-}
-
-impl Update {
-    fn pod(&self) -> Arc<Pod> {
-        match self {
-            Update::Pod(p) | Update::Removed(p) => p.clone(),
-        }
-    }
 }
 
 impl Harness {
@@ -225,7 +218,7 @@ async fn a_deleted_pod_is_stopped_with_its_grace_period_then_removed_from_the_ap
     let h = start(Arc::new(FakeRuntime::with_images(&[IMAGE])), pod(app()));
     h.status_until("the pod running", running).await;
     let id = h.runtime.newest("app").unwrap().id;
-    let mut deleting = (*h.tx.borrow().pod()).clone();
+    let mut deleting = Pod::clone(h.tx.borrow().pod());
     deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
     deleting.metadata.deletion_grace_period_seconds = Some(20);
     h.tx.send(Update::Pod(Arc::new(deleting))).unwrap();
