@@ -368,15 +368,17 @@ fn init_logging(filter: &str) {
         .init();
 }
 
-/// At most two glibc malloc arenas (its default is eight per core): every thread that allocates may
+/// At most four glibc malloc arenas (its default is eight per core): every thread that allocates may
 /// otherwise get an arena of its own that keeps what it freed, and fragmentation across them costs
-/// a small device megabytes (about 4.5 MiB of RSS with 50 pods in `cargo bench --bench agent`). Set
-/// before the server's threads start.
+/// a small device megabytes (about 3 MiB of RSS with 50 pods in `cargo bench --bench agent`). Two
+/// arenas save a little more but make the two runtime workers and the store's threads wait on each
+/// other's arena lock: scheduling 10 000 pods then sometimes runs at half speed (`cargo bench --bench
+/// scheduler`, the held scenario). Set before the server's threads start.
 fn limit_malloc_arenas() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets a tunable of the allocator; it is called before other threads exist.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_ARENA_MAX, 4);
     }
 }
 
