@@ -12,6 +12,7 @@ mod runtime;
 mod scheduler;
 mod server;
 mod store;
+mod streaming;
 mod volumes;
 
 use std::net::IpAddr;

@@ -13,6 +13,8 @@ mod busybox;
 #[allow(dead_code)]
 #[path = "../src/runtime/cri.rs"]
 mod cri;
+#[path = "common/node.rs"]
+mod node;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
 mod oci_image;
@@ -20,69 +22,14 @@ mod oci_image;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use busybox::{BUSYBOX, busybox_image};
+use busybox::BUSYBOX;
 use common::{Server, eventually};
+use node::{Node, node_ready};
 use serde_json::Value;
 
 static HOST: Mutex<()> = Mutex::new(());
 
 const CIDR: &str = "10.46.0.0/16";
-
-/// A cairn server with the agent, its images directory holding the busybox image. Dropping it
-/// removes every pod sandbox (even after a failed check) and stops cairn and its containerd.
-struct Node {
-    server: Option<Server>,
-}
-
-impl Node {
-    fn start() -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let images = dir.path().join("data/agent/images");
-        std::fs::create_dir_all(&images).unwrap();
-        std::fs::write(images.join("busybox.tar"), busybox_image()).unwrap();
-        Node { server: Some(Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", CIDR])) }
-    }
-
-    /// Kills cairn with SIGKILL (containerd and the containers stay) and starts it on the same data.
-    fn restart_after_kill9(&mut self) {
-        let dir = self.server.take().expect("running").kill9();
-        self.server = Some(Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", CIDR]));
-    }
-}
-
-impl std::ops::Deref for Node {
-    type Target = Server;
-    fn deref(&self) -> &Server {
-        self.server.as_ref().expect("running")
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let Some(server) = self.server.take() else { return };
-        // Pods first, or the agent would make new sandboxes for them.
-        let _ = server.kubectl(&["delete", "pods", "--all", "--force", "--grace-period", "0", "--wait=false"]);
-        let socket = server.dir.path().join("data/agent/containerd/containerd.sock");
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            rt.block_on(async {
-                let cri = cri::Cri::new(&socket);
-                for _ in 0..20 {
-                    let pods = cri.list_pod_sandbox(Default::default()).await.map(|r| r.items).unwrap_or_default();
-                    if pods.is_empty() {
-                        break;
-                    }
-                    for pod in pods {
-                        let id = pod.id;
-                        let _ = cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() }).await;
-                        let _ = cri.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id }).await;
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            });
-        }
-        let _ = server.terminate(Duration::from_secs(30));
-    }
-}
 
 trait Pods {
     fn pod(&self, name: &str) -> Value;
@@ -131,16 +78,6 @@ impl Pods for Server {
             })
             .collect()
     }
-}
-
-fn node_ready(node: &Server) -> Option<()> {
-    let nodes: Value = serde_json::from_str(&node.ok(&["get", "nodes", "-o", "json"])).ok()?;
-    nodes["items"][0]["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        .then_some(())
 }
 
 fn phase(pod: &Value) -> &str {
@@ -300,7 +237,7 @@ fn time_of(v: &Value) -> chrono::DateTime<chrono::Utc> {
 #[test]
 fn pods_run_restart_probe_stop_and_report_like_a_kubelet() {
     let _host = HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let mut node = Node::start();
+    let mut node = Node::start(CIDR);
     eventually(60, || node.ok(&["get", "nodes", "-o", "name"]).contains("node/").then_some(()));
     eventually(60, || node_ready(&node));
     let node_name = node.ok(&["get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"]);
@@ -569,7 +506,7 @@ spec:
 #[test]
 fn volumes_hooks_sidecars_sandboxes_and_deadlines() {
     let _host = HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let node = Node::start();
+    let node = Node::start(CIDR);
     eventually(60, || node_ready(&node));
     let host_dir = tempfile::tempdir().unwrap();
     let host = host_dir.path().display().to_string();

@@ -1,6 +1,8 @@
 //! The node's own endpoint (kubelet's server on `--port`, 10250): HTTPS with a certificate from the
-//! cluster CA, answering only the API server's client certificate. It serves `containerLogs`; the
-//! API's `pods/log` comes here, so logs are read where the files are.
+//! cluster CA, answering only the API server's client certificate. It serves `containerLogs` (the
+//! API's `pods/log` comes here, so logs are read where the files are) and the streaming sessions
+//! `exec`, `attach` and `portForward`, which it asks CRI for and passes through to the runtime's
+//! streaming server, as kubelet does.
 
 /// The endpoint's listener and TLS, made before the agent starts (the Node reports the port).
 pub struct Listener {
@@ -12,7 +14,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{Extensions, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
 use futures::StreamExt as _;
@@ -20,12 +22,18 @@ use futures::StreamExt as _;
 use super::logs::{self, LogOptions};
 use super::pods::Pods;
 use super::spec;
+use super::status::keys;
 use crate::api::PeerCert;
 use crate::api::pki::KUBELET_CLIENT_USER;
+use crate::runtime::cri::{self, CriError};
+use crate::streaming::proxy;
 
 pub fn router(pods: Arc<Pods>) -> Router {
     Router::new()
         .route("/containerLogs/{namespace}/{pod}/{container}", axum::routing::get(container_logs))
+        .route("/exec/{namespace}/{pod}/{container}", axum::routing::any(exec))
+        .route("/attach/{namespace}/{pod}/{container}", axum::routing::any(attach))
+        .route("/portForward/{namespace}/{pod}", axum::routing::any(port_forward))
         .fallback(|ext: Extensions| async move {
             refusal(&ext).unwrap_or_else(|| text(StatusCode::NOT_FOUND, "404 page not found".into()))
         })
@@ -94,4 +102,164 @@ async fn container_logs(
     let mut resp = Response::new(Body::from_stream(logs::read(path, opts, alive).boxed()));
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     resp
+}
+
+/// kubelet's streaming options: `input`, `output`, `error`, `tty` and repeated `command`.
+struct StreamOptions {
+    stdin: bool,
+    stdout: bool,
+    stderr: bool,
+    tty: bool,
+    command: Vec<String>,
+}
+
+impl StreamOptions {
+    fn from_query(query: &[(String, String)]) -> Self {
+        let flag = |name: &str| query.iter().any(|(k, v)| k == name && matches!(v.as_str(), "1" | "true"));
+        StreamOptions {
+            stdin: flag("input"),
+            stdout: flag("output"),
+            stderr: flag("error"),
+            tty: flag("tty"),
+            command: query.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect(),
+        }
+    }
+}
+
+/// The ID of the running container `container` of `pod` (kubelet's `findContainer` sees only
+/// running ones).
+async fn running_container(pods: &Pods, pod: &k8s_openapi::api::core::v1::Pod, container: &str) -> Option<String> {
+    let mut labels = spec::uid_selector(spec::uid(pod));
+    labels.insert(keys::CONTAINER_NAME.to_string(), container.to_string());
+    let filter = cri::ContainerFilter {
+        state: Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 }),
+        label_selector: labels,
+        ..Default::default()
+    };
+    let found = pods.runtime().list_containers(cri::ListContainersRequest { filter: Some(filter) }).await.ok()?;
+    found.containers.into_iter().next().map(|c| c.id)
+}
+
+/// A CRI error as kubelet's `streaming.WriteError` answers it.
+fn runtime_error(e: &CriError) -> Response {
+    let code = match e {
+        CriError::NotFound { .. } => StatusCode::NOT_FOUND,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    text(code, e.to_string())
+}
+
+/// Passes `req` on to the session the runtime serves at `url` (`http://host:port/path`).
+async fn stream_to(url: &str, mut req: Request) -> Response {
+    let failed = |m: String| text(StatusCode::INTERNAL_SERVER_ERROR, m);
+    let Some((authority, path)) = url.strip_prefix("http://").and_then(|u| u.split_once('/')) else {
+        return failed(format!("the runtime's streaming URL {url:?} is not an http:// URL"));
+    };
+    let tcp = match tokio::net::TcpStream::connect(authority).await {
+        Ok(t) => t,
+        Err(e) => return failed(format!("connecting to the runtime's streaming server at {authority}: {e}")),
+    };
+    let _ = tcp.set_nodelay(true);
+    let mut upstream = http::Request::new(http_body_util::Empty::new());
+    *upstream.method_mut() = req.method().clone();
+    *upstream.uri_mut() = match format!("/{path}").parse() {
+        Ok(u) => u,
+        Err(e) => return failed(format!("the runtime's streaming URL {url:?}: {e}")),
+    };
+    *upstream.headers_mut() = proxy::forwarded_headers(req.headers());
+    if let Ok(host) = HeaderValue::from_str(authority) {
+        upstream.headers_mut().insert(header::HOST, host);
+    }
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    match proxy::send(tcp, upstream).await {
+        Ok(resp) => proxy::join(on_upgrade, resp),
+        Err(e) => failed(format!("the runtime's streaming server at {authority}: {e}")),
+    }
+}
+
+/// `/exec/{namespace}/{pod}/{container}`: CRI `Exec`, then its stream.
+async fn exec(
+    State(pods): State<Arc<Pods>>,
+    Path((namespace, name, container)): Path<(String, String, String)>,
+    Query(query): Query<Vec<(String, String)>>,
+    req: Request,
+) -> Response {
+    if let Some(refused) = refusal(req.extensions()) {
+        return refused;
+    }
+    let Some(pod) = pods.find(&namespace, &name) else {
+        return text(StatusCode::NOT_FOUND, "pod does not exist".into());
+    };
+    let Some(id) = running_container(&pods, &pod, &container).await else {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("container not found ({container:?})"));
+    };
+    let o = StreamOptions::from_query(&query);
+    let r = cri::ExecRequest {
+        container_id: id,
+        cmd: o.command,
+        tty: o.tty,
+        stdin: o.stdin,
+        stdout: o.stdout,
+        stderr: o.stderr,
+    };
+    match pods.runtime().exec(r).await {
+        Ok(resp) => stream_to(&resp.url, req).await,
+        Err(e) => runtime_error(&e),
+    }
+}
+
+/// `/attach/{namespace}/{pod}/{container}`: CRI `Attach`, then its stream.
+async fn attach(
+    State(pods): State<Arc<Pods>>,
+    Path((namespace, name, container)): Path<(String, String, String)>,
+    Query(query): Query<Vec<(String, String)>>,
+    req: Request,
+) -> Response {
+    if let Some(refused) = refusal(req.extensions()) {
+        return refused;
+    }
+    let Some(pod) = pods.find(&namespace, &name) else {
+        return text(StatusCode::NOT_FOUND, "pod does not exist".into());
+    };
+    let Some(id) = running_container(&pods, &pod, &container).await else {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("container {container} not found in pod {name}_{namespace}"),
+        );
+    };
+    let o = StreamOptions::from_query(&query);
+    let r = cri::AttachRequest { container_id: id, stdin: o.stdin, tty: o.tty, stdout: o.stdout, stderr: o.stderr };
+    match pods.runtime().attach(r).await {
+        Ok(resp) => stream_to(&resp.url, req).await,
+        Err(e) => runtime_error(&e),
+    }
+}
+
+/// `/portForward/{namespace}/{pod}`: CRI `PortForward` on the pod's ready sandbox, then its stream.
+async fn port_forward(
+    State(pods): State<Arc<Pods>>,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(query): Query<Vec<(String, String)>>,
+    req: Request,
+) -> Response {
+    if let Some(refused) = refusal(req.extensions()) {
+        return refused;
+    }
+    let Some(pod) = pods.find(&namespace, &name) else {
+        return text(StatusCode::NOT_FOUND, "pod does not exist".into());
+    };
+    let filter = cri::PodSandboxFilter {
+        state: Some(cri::PodSandboxStateValue { state: cri::PodSandboxState::SandboxReady as i32 }),
+        label_selector: spec::uid_selector(spec::uid(&pod)),
+        ..Default::default()
+    };
+    let sandboxes = pods.runtime().list_pod_sandbox(cri::ListPodSandboxRequest { filter: Some(filter) }).await;
+    let Some(sandbox) = sandboxes.ok().and_then(|s| s.items.into_iter().next()) else {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("pod not found (\"{name}_{namespace}\")"));
+    };
+    let port = query.iter().filter(|(k, _)| k == "port").filter_map(|(_, v)| v.parse().ok()).collect();
+    match pods.runtime().port_forward(cri::PortForwardRequest { pod_sandbox_id: sandbox.id, port }).await {
+        Ok(resp) => stream_to(&resp.url, req).await,
+        Err(e) => runtime_error(&e),
+    }
 }

@@ -272,6 +272,24 @@ impl ContainerRuntime for FakeRuntime {
         Box::pin(async move { Ok(cri::ExecSyncResponse { exit_code, ..Default::default() }) })
     }
 
+    fn exec(&self, r: cri::ExecRequest) -> Call<'_, cri::ExecResponse> {
+        self.log(format!("Exec {} {}", r.container_id, r.cmd.join(" ")));
+        let url = format!("http://127.0.0.1:1/exec/{}", r.container_id);
+        Box::pin(async move { Ok(cri::ExecResponse { url }) })
+    }
+
+    fn attach(&self, r: cri::AttachRequest) -> Call<'_, cri::AttachResponse> {
+        self.log(format!("Attach {}", r.container_id));
+        let url = format!("http://127.0.0.1:1/attach/{}", r.container_id);
+        Box::pin(async move { Ok(cri::AttachResponse { url }) })
+    }
+
+    fn port_forward(&self, r: cri::PortForwardRequest) -> Call<'_, cri::PortForwardResponse> {
+        self.log(format!("PortForward {}", r.pod_sandbox_id));
+        let url = format!("http://127.0.0.1:1/portforward/{}", r.pod_sandbox_id);
+        Box::pin(async move { Ok(cri::PortForwardResponse { url }) })
+    }
+
     fn image_status(&self, r: cri::ImageStatusRequest) -> Call<'_, cri::ImageStatusResponse> {
         let name = r.image.map(|i| i.image).unwrap_or_default();
         let image = self

@@ -143,6 +143,11 @@ impl Pods {
         })
     }
 
+    /// The runtime the pods run on (the node endpoint's streaming sessions ask it).
+    pub fn runtime(&self) -> &Arc<dyn ContainerRuntime> {
+        &self.ctx.runtime
+    }
+
     /// Where the pod's container logs are.
     pub fn log_dir(&self, pod: &Pod) -> PathBuf {
         self.ctx.log_dir(pod)

@@ -1,6 +1,7 @@
 //! The container runtime as the pod workers use it: the calls of CRI's `RuntimeService` and
 //! `ImageService` they make, behind [`ContainerRuntime`] so that a worker runs against [`Cri`] in
-//! cairn and against a fake runtime in its unit tests (kubelet's `kubecontainer.Runtime` seam).
+//! cairn and against a fake runtime in its unit tests (kubelet's `kubecontainer.Runtime` seam);
+//! the node endpoint asks it for streaming sessions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,10 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     fn container_status(&self, r: cri::ContainerStatusRequest) -> Call<'_, cri::ContainerStatusResponse>;
     fn reopen_container_log(&self, r: cri::ReopenContainerLogRequest) -> Call<'_, cri::ReopenContainerLogResponse>;
     fn exec_sync(&self, r: cri::ExecSyncRequest) -> Call<'_, cri::ExecSyncResponse>;
+    /// Streaming sessions (the node endpoint's exec, attach and port-forward): the runtime's URL.
+    fn exec(&self, r: cri::ExecRequest) -> Call<'_, cri::ExecResponse>;
+    fn attach(&self, r: cri::AttachRequest) -> Call<'_, cri::AttachResponse>;
+    fn port_forward(&self, r: cri::PortForwardRequest) -> Call<'_, cri::PortForwardResponse>;
     fn image_status(&self, r: cri::ImageStatusRequest) -> Call<'_, cri::ImageStatusResponse>;
     fn pull_image(&self, r: cri::PullImageRequest) -> Call<'_, cri::PullImageResponse>;
 }
@@ -54,6 +59,9 @@ impl ContainerRuntime for Cri {
         container_status(cri::ContainerStatusRequest) -> cri::ContainerStatusResponse;
         reopen_container_log(cri::ReopenContainerLogRequest) -> cri::ReopenContainerLogResponse;
         exec_sync(cri::ExecSyncRequest) -> cri::ExecSyncResponse;
+        exec(cri::ExecRequest) -> cri::ExecResponse;
+        attach(cri::AttachRequest) -> cri::AttachResponse;
+        port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse;
         image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse;
         pull_image(cri::PullImageRequest) -> cri::PullImageResponse;
     }

@@ -36,6 +36,13 @@ const KNOWN_PARAMS: &[&str] = &[
     "sinceTime",
     "limitBytes",
     "insecureSkipTLSVerifyBackend",
+    // pods/exec, pods/attach, pods/portforward
+    "stdin",
+    "stdout",
+    "stderr",
+    "tty",
+    "command",
+    "ports",
     "stream",
     "labelSelector",
     "fieldSelector",
@@ -188,22 +195,27 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
 }
 
 /// Entry point for every resource path.
-pub async fn dispatch(
-    State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match serve(&state, method, uri, headers, body).await {
+pub async fn dispatch(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
+    match serve(&state, req).await {
         Ok(resp) => resp,
         Err(e) => codec::error(&e),
     }
 }
 
-async fn serve(state: &AppState, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Result<Response> {
-    let target = resolve(state, uri.path())?;
-    let query = Query::parse(&uri)?;
+async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response> {
+    let target = resolve(state, req.uri().path())?;
+    let query = Query::parse(req.uri())?;
+    if let (Some(name), Some(sub @ (Subresource::Exec | Subresource::Attach | Subresource::PortForward))) =
+        (target.name.as_deref(), target.sub)
+    {
+        if !matches!(*req.method(), Method::GET | Method::POST) {
+            return Err(StatusError::method_not_allowed());
+        }
+        let ns = target.namespace.as_deref().unwrap_or_default();
+        return super::streams::connect(state, ns, name, sub, &query.0, req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let (method, headers) = (parts.method, parts.headers);
     let body = axum::body::to_bytes(body, codec::MAX_BODY_BYTES)
         .await
         .map_err(|_| StatusError::too_large(codec::MAX_BODY_BYTES))?;

@@ -14,7 +14,7 @@ use crate::registry::StatusError;
 
 type Result<T> = std::result::Result<T, StatusError>;
 
-fn get_pod(state: &AppState, ns: &str, name: &str) -> Result<Pod> {
+pub(super) fn get_pod(state: &AppState, ns: &str, name: &str) -> Result<Pod> {
     let pods = state.registry.find("", "v1", "pods").ok_or_else(StatusError::no_route)?;
     let value = state.registry.get_value(&pods, Some(ns), name)?;
     serde_json::from_value(value).map_err(|e| StatusError::internal(format!("stored pod {ns}/{name}: {e}")))
@@ -22,7 +22,7 @@ fn get_pod(state: &AppState, ns: &str, name: &str) -> Result<Pod> {
 
 /// The container whose log is wanted: the one named, the default-container annotation's, or the
 /// only one.
-fn container_name(pod: &Pod, asked: Option<&str>) -> Result<String> {
+pub(super) fn container_name(pod: &Pod, asked: Option<&str>) -> Result<String> {
     let name = spec::name(pod);
     let spec = pod.spec.clone().unwrap_or_default();
     let apps: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();

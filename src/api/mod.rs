@@ -11,6 +11,7 @@ pub mod node_client;
 pub mod openapi;
 pub mod pki;
 pub mod protobuf;
+mod streams;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -30,6 +30,17 @@ pub struct NodeClient {
 
 type Result<T> = std::result::Result<T, StatusError>;
 
+/// A connection to a node endpoint.
+pub type NodeStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// A node's answer other than the one asked for, as a Status with its code and text.
+pub async fn error_of(resp: Response<Incoming>) -> StatusError {
+    let code = resp.status();
+    let body = http_body_util::Limited::new(resp.into_body(), MAX_ERROR_BODY).collect().await;
+    let text = body.map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string()).unwrap_or_default();
+    StatusError::from_node(code.as_u16(), text)
+}
+
 impl NodeClient {
     pub fn new(pki: Arc<Pki>) -> Self {
         Self { pki, local_node: OnceLock::new() }
@@ -40,47 +51,51 @@ impl NodeClient {
         let _ = self.local_node.set(node.to_string());
     }
 
-    /// `GET path_and_query` on `node`'s endpoint. A 200 answer is returned to stream on; any other
-    /// becomes a Status with the node's code and its text as the message (upstream's
-    /// `GenericHttpResponseChecker`).
-    pub async fn get(&self, registry: &Registry, node: &str, path_and_query: &str) -> Result<Response<Incoming>> {
+    /// A TLS connection to `node`'s endpoint, and the authority to name in requests on it.
+    pub async fn open(&self, registry: &Registry, node: &str) -> Result<(NodeStream, String)> {
         let (ip, port) = self.locate(registry, node)?;
         let unreachable = |e: String| {
             StatusError::service_unavailable(format!("the node endpoint of node {node} ({ip}:{port}): {e}"))
         };
         let tls = self.pki.kubelet_client_config().map_err(|e| StatusError::internal(e.to_string()))?;
         let connect = async {
-            let tcp = tokio::net::TcpStream::connect((ip, port)).await.map_err(|e| e.to_string())?;
+            let tcp = tokio::net::TcpStream::connect((ip, port)).await?;
             let _ = tcp.set_nodelay(true);
-            let stream = tokio_rustls::TlsConnector::from(tls)
-                .connect(ServerName::IpAddress(ip.into()), tcp)
-                .await
-                .map_err(|e| e.to_string())?;
-            hyper::client::conn::http1::handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())
+            tokio_rustls::TlsConnector::from(tls).connect(ServerName::IpAddress(ip.into()), tcp).await
         };
-        let (mut sender, conn) = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
             .map_err(|_| unreachable("timed out connecting".into()))?
-            .map_err(unreachable)?;
+            .map_err(|e| unreachable(e.to_string()))?;
+        Ok((stream, format!("{ip}:{port}")))
+    }
+
+    /// `GET path_and_query` on `node`'s endpoint. A 200 answer is returned to stream on; any other
+    /// becomes a Status with the node's code and its text as the message (upstream's
+    /// `GenericHttpResponseChecker`).
+    pub async fn get(&self, registry: &Registry, node: &str, path_and_query: &str) -> Result<Response<Incoming>> {
+        let (stream, authority) = self.open(registry, node).await?;
+        let unreachable = |e: String| {
+            StatusError::service_unavailable(format!("the node endpoint of node {node} ({authority}): {e}"))
+        };
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(stream))
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!("node endpoint connection ended: {e}");
             }
         });
         let req = Request::get(path_and_query)
-            .header(http::header::HOST, format!("{ip}:{port}"))
+            .header(http::header::HOST, &authority)
             .body(http_body_util::Empty::new())
             .map_err(|e| StatusError::internal(e.to_string()))?;
         let resp = sender.send_request(req).await.map_err(|e| unreachable(e.to_string()))?;
         if resp.status() == StatusCode::OK {
             return Ok(resp);
         }
-        let code = resp.status();
-        let body = http_body_util::Limited::new(resp.into_body(), MAX_ERROR_BODY).collect().await;
-        let text = body.map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string()).unwrap_or_default();
-        Err(StatusError::from_node(code.as_u16(), text))
+        Err(error_of(resp).await)
     }
 
     /// The address and port of `node`'s endpoint.

@@ -575,8 +575,8 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
                     .responds(&["200", "201", "202"], BINDING),
             ],
             Subresource::Finalize => vec![replace(&suffix)],
-            // Not in upstream's OpenAPI either: it answers plain text.
-            Subresource::Log => continue,
+            // Plain text and protocol upgrades: not described here.
+            Subresource::Log | Subresource::Exec | Subresource::Attach | Subresource::PortForward => continue,
         };
         add(format!("{scope}{}/{{name}}/{}", info.plural, sub.name()), object, operations);
     }

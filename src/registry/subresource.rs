@@ -17,10 +17,23 @@ pub enum Subresource {
     Finalize,
     /// `log`: a container's log, read from its node.
     Log,
+    /// `exec`, `attach`, `portforward`: streaming sessions with a pod's node (upstream's connect
+    /// verbs, served as GET or POST upgrades).
+    Exec,
+    Attach,
+    PortForward,
 }
 
 impl Subresource {
-    const ALL: [Subresource; 4] = [Subresource::Status, Subresource::Binding, Subresource::Finalize, Subresource::Log];
+    const ALL: [Subresource; 7] = [
+        Subresource::Status,
+        Subresource::Binding,
+        Subresource::Finalize,
+        Subresource::Log,
+        Subresource::Exec,
+        Subresource::Attach,
+        Subresource::PortForward,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -28,6 +41,9 @@ impl Subresource {
             Subresource::Binding => "binding",
             Subresource::Finalize => "finalize",
             Subresource::Log => "log",
+            Subresource::Exec => "exec",
+            Subresource::Attach => "attach",
+            Subresource::PortForward => "portforward",
         }
     }
 
@@ -42,6 +58,7 @@ impl Subresource {
             Subresource::Binding => &["create"],
             Subresource::Finalize => &["update"],
             Subresource::Log => &["get"],
+            Subresource::Exec | Subresource::Attach | Subresource::PortForward => &["create", "get"],
         }
     }
 
@@ -50,6 +67,9 @@ impl Subresource {
         match self {
             Subresource::Binding => ("", "v1", "Binding"),
             Subresource::Log => ("", "v1", "Pod"),
+            Subresource::Exec => ("", "v1", "PodExecOptions"),
+            Subresource::Attach => ("", "v1", "PodAttachOptions"),
+            Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
             Subresource::Status | Subresource::Finalize => (info.group, info.version, info.kind),
         }
     }
@@ -76,7 +96,12 @@ impl Subresource {
                 }
                 kept
             }
-            Subresource::Binding | Subresource::Status | Subresource::Log => new,
+            Subresource::Binding
+            | Subresource::Status
+            | Subresource::Log
+            | Subresource::Exec
+            | Subresource::Attach
+            | Subresource::PortForward => new,
         }
     }
 }

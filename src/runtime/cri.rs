@@ -145,6 +145,10 @@ impl Cri {
         list_containers: runtime.list_containers(cri::ListContainersRequest) -> cri::ListContainersResponse, REQUEST_TIMEOUT;
         container_status: runtime.container_status(cri::ContainerStatusRequest) -> cri::ContainerStatusResponse, REQUEST_TIMEOUT;
         exec_sync: runtime.exec_sync(cri::ExecSyncRequest) -> cri::ExecSyncResponse, REQUEST_TIMEOUT;
+        /// A streaming exec session: the URL on the runtime's streaming server that serves it.
+        exec: runtime.exec(cri::ExecRequest) -> cri::ExecResponse, REQUEST_TIMEOUT;
+        attach: runtime.attach(cri::AttachRequest) -> cri::AttachResponse, REQUEST_TIMEOUT;
+        port_forward: runtime.port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse, REQUEST_TIMEOUT;
         list_images: images.list_images(cri::ListImagesRequest) -> cri::ListImagesResponse, REQUEST_TIMEOUT;
         image_status: images.image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse, REQUEST_TIMEOUT;
         pull_image: images.pull_image(cri::PullImageRequest) -> cri::PullImageResponse, PULL_TIMEOUT;

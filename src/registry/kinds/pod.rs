@@ -57,7 +57,14 @@ impl Kind for Pods {
         namespaced: true,
         short_names: &["po"],
         categories: &["all"],
-        subresources: &[Subresource::Status, Subresource::Binding, Subresource::Log],
+        subresources: &[
+            Subresource::Status,
+            Subresource::Binding,
+            Subresource::Log,
+            Subresource::Exec,
+            Subresource::Attach,
+            Subresource::PortForward,
+        ],
         storage: "pods",
         return_deleted_object: true,
     };

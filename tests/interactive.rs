@@ -1,0 +1,187 @@
+//! End to end: kubectl exec, cp and port-forward against the real cairn with its embedded
+//! containerd, over kubectl's default WebSocket protocols and with the SPDY fallback forced. One
+//! node serves every check (they use separate pods); the busybox image is built by the test.
+//!
+//! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
+
+mod common;
+
+#[path = "common/busybox.rs"]
+mod busybox;
+#[allow(dead_code)]
+#[path = "../src/runtime/cri.rs"]
+mod cri;
+#[path = "common/node.rs"]
+mod node;
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use busybox::BUSYBOX;
+use common::{Server, eventually};
+use node::{Node, node_ready};
+
+const CIDR: &str = "10.47.0.0/16";
+
+/// kubectl with extra environment (the SPDY fallback switches).
+fn kubectl_env(node: &Server, env: &[(&str, &str)], args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut cmd = Command::new(common::kubectl_path());
+    cmd.arg("--kubeconfig").arg(&node.kubeconfig).args(args).envs(env.iter().copied());
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run kubectl");
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(input).expect("write stdin");
+    }
+    child.wait_with_output().expect("kubectl output")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn run_pod(node: &Server, name: &str, script: &str) {
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", {script:?}]
+"#
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &yaml);
+}
+
+fn wait_ready(node: &Server, name: &str) {
+    let out = node.kubectl(&["wait", "--for=condition=Ready", &format!("pod/{name}"), "--timeout=60s"]);
+    let pod = node.kubectl(&["get", "pod", name, "-o", "yaml"]);
+    assert!(
+        out.status.success(),
+        "pod {name} is not ready:\n{}\n--- server log ---\n{}",
+        text(&pod.stdout),
+        node.log()
+    );
+}
+
+/// `GET /` on 127.0.0.1:`port`, the whole answer.
+fn http_get(port: u16) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// exec over WebSocket (`env` empty) or SPDY: exit codes, stdin to EOF, and errors.
+fn check_exec(node: &Server, env: &[(&str, &str)]) {
+    let how = if env.is_empty() { "websocket" } else { "spdy" };
+    let ok = kubectl_env(node, env, &["exec", "shell", "--", "sh", "-c", "echo out; echo err >&2"], None);
+    assert!(ok.status.success(), "{how}: exec failed: {}", text(&ok.stderr));
+    assert_eq!(text(&ok.stdout), "out\n", "{how}: stdout");
+    assert_eq!(text(&ok.stderr), "err\n", "{how}: stderr");
+
+    let three = kubectl_env(node, env, &["exec", "shell", "--", "sh", "-c", "exit 3"], None);
+    assert_eq!(three.status.code(), Some(3), "{how}: exit code; stderr: {}", text(&three.stderr));
+    assert!(text(&three.stderr).contains("command terminated with exit code 3"), "{how}: {}", text(&three.stderr));
+
+    let piped = kubectl_env(node, env, &["exec", "-i", "shell", "--", "sh", "-c", "cat; echo done"], Some(b"hello\n"));
+    assert!(piped.status.success(), "{how}: exec -i failed: {}", text(&piped.stderr));
+    assert_eq!(text(&piped.stdout), "hello\ndone\n", "{how}: stdin reaches the command and EOF ends it");
+
+    let missing = kubectl_env(node, env, &["exec", "shell", "-c", "nope", "--", "true"], None);
+    assert!(!missing.status.success());
+    assert!(text(&missing.stderr).contains("container nope is not valid for pod shell"), "{}", text(&missing.stderr));
+
+    let no_pod = kubectl_env(node, env, &["exec", "nopod", "--", "true"], None);
+    assert!(text(&no_pod.stderr).contains(r#"pods "nopod" not found"#), "{}", text(&no_pod.stderr));
+
+    let unknown = kubectl_env(node, env, &["exec", "shell", "--", "/no/such/command"], None);
+    assert!(!unknown.status.success(), "{how}: an unknown command fails");
+    assert!(text(&unknown.stderr).contains("no such file or directory"), "{how}: {}", text(&unknown.stderr));
+}
+
+/// `kubectl cp` (tar over exec) of 5 MiB both ways.
+fn check_cp(node: &Server, env: &[(&str, &str)]) {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..5u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let src = dir.path().join("in.bin");
+    std::fs::write(&src, &data).unwrap();
+    let up = kubectl_env(node, env, &["cp", src.to_str().unwrap(), "shell:/tmp/in.bin"], None);
+    assert!(up.status.success(), "cp in: {}", text(&up.stderr));
+    let size = kubectl_env(node, env, &["exec", "shell", "--", "wc", "-c", "/tmp/in.bin"], None);
+    assert!(text(&size.stdout).starts_with(&format!("{} ", data.len())), "size in the pod: {}", text(&size.stdout));
+    let back = dir.path().join("out.bin");
+    let down = kubectl_env(node, env, &["cp", "shell:/tmp/in.bin", back.to_str().unwrap()], None);
+    assert!(down.status.success(), "cp out: {}", text(&down.stderr));
+    assert!(std::fs::read(&back).unwrap() == data, "the copy back is byte for byte the original");
+}
+
+/// A port-forward of two ports: 20 concurrent fetches through one, then a connection to the other,
+/// where nothing listens in the pod: the refusal reaches kubectl, which (client-go's design since
+/// 1.23) reports it and ends the forward.
+fn check_port_forward(node: &Server, env: &[(&str, &str)]) {
+    let how = if env.is_empty() { "websocket" } else { "spdy" };
+    let (web, refused) = (free_port(), free_port());
+    let mut pf = Command::new(common::kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .args(["port-forward", "pod/web", &format!("{web}:80"), &format!("{refused}:81")])
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let page = eventually(20, || http_get(web).ok().filter(|p| p.contains("hello from web")));
+    assert!(page.starts_with("HTTP/1."), "{how}: {page}");
+    let fetches: Vec<_> = (0..20).map(|_| std::thread::spawn(move || http_get(web))).collect();
+    for f in fetches {
+        let page = f.join().unwrap().expect("fetch through the forward");
+        assert!(page.contains("hello from web"), "{how}: {page}");
+    }
+    let nothing = http_get(refused).unwrap_or_default();
+    assert!(!nothing.contains("hello"), "{how}: {nothing}");
+    let ended = eventually(20, || pf.try_wait().unwrap());
+    let out = pf.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!ended.success(), "{how}: kubectl ends the forward after the refusal");
+    assert!(
+        err.contains("error forwarding port 81") && err.contains("connection refused"),
+        "{how}: the refusal is reported: {err}"
+    );
+}
+
+#[test]
+fn exec_cp_and_port_forward_like_a_kubelet() {
+    let node = Node::start(CIDR);
+    eventually(60, || node_ready(&node));
+    // The image is imported from the images directory while the node starts.
+    eventually(60, || {
+        node.ok(&["get", "nodes", "-o", "jsonpath={.items[0].status.images}"]).contains(BUSYBOX).then_some(())
+    });
+    run_pod(&node, "shell", "sleep 3600");
+    run_pod(&node, "web", "mkdir -p /www && echo 'hello from web' > /www/index.html && exec httpd -f -p 80 -h /www");
+    wait_ready(&node, "shell");
+    wait_ready(&node, "web");
+
+    check_exec(&node, &[]);
+    check_exec(&node, &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]);
+    check_cp(&node, &[]);
+    check_port_forward(&node, &[]);
+    check_port_forward(&node, &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]);
+}
