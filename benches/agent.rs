@@ -22,87 +22,27 @@ mod binary;
 mod busybox;
 #[path = "common/cri_floor.rs"]
 mod cri_floor;
+#[path = "common/node.rs"]
+mod node;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
 mod oci_image;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use busybox::{BUSYBOX, busybox_image};
+use busybox::BUSYBOX;
 use cri_floor::bench_cri;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use node::Cairn;
 use serde_json::{Value, json};
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-struct Cairn {
-    child: Child,
-    data: PathBuf,
-    kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Cairn {
-    fn start() -> Result<Cairn> {
-        let dir = tempfile::tempdir()?;
-        let data = dir.path().join("data");
-        std::fs::create_dir_all(data.join("agent/images"))?;
-        std::fs::write(data.join("agent/images/busybox.tar"), busybox_image())?;
-        let kubeconfig = dir.path().join("kubeconfig.yaml");
-        let child = Command::new(binary::cairn_bin())
-            .args(["server", "--bind-address", "127.0.0.1", "--https-listen-port", "0", "--log", "warn"])
-            .args(["--cluster-cidr", "10.48.0.0/16"])
-            .arg("--data-dir")
-            .arg(&data)
-            .arg("--write-kubeconfig")
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting cairn")?;
-        let cairn = Cairn { child, data, kubeconfig, _dir: dir };
-        let deadline = Instant::now() + Duration::from_secs(90);
-        // `cairn ctr images` prints the repository and the tag in separate columns.
-        let repo = BUSYBOX.rsplit_once(':').map_or(BUSYBOX, |(repo, _)| repo).as_bytes();
-        while !cairn.cairn(&["ctr", "images"])?.stdout.windows(repo.len()).any(|w| w == repo) {
-            if Instant::now() > deadline {
-                bail!("cairn did not import the bench image within 90 s");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(cairn)
-    }
-
-    fn cairn(&self, args: &[&str]) -> Result<std::process::Output> {
-        Ok(Command::new(binary::cairn_bin()).args(args).arg("--data-dir").arg(&self.data).output()?)
-    }
-
-    async fn client(&self) -> Result<kube::Client> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
-        Ok(kube::Client::try_from(config)?)
-    }
-
-    fn containerd_pid(&self) -> Option<u32> {
-        std::fs::read_to_string(self.data.join("agent/containerd/containerd.pid")).ok()?.trim().parse().ok()
-    }
-}
-
-impl Drop for Cairn {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -200,7 +140,7 @@ async fn idle_writes_per_hour(pid: u32, secs: u64) -> (f64, Vec<u64>) {
 async fn main() -> Result<()> {
     let singles = env_or("CAIRN_BENCH_SINGLE", 20);
     let idle_secs = env_or("CAIRN_BENCH_IDLE_SECS", 120) as u64;
-    let cairn = Cairn::start()?;
+    let cairn = Cairn::start("10.48.0.0/16")?;
     let pid = cairn.child.id();
     let client = cairn.client().await?;
     let pods: Api<Pod> = Api::namespaced(client, "default");

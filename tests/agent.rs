@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use busybox::BUSYBOX;
 use common::{Server, eventually};
-use node::{Node, node_ready};
+use node::{Node, https_request, node_ready};
 use serde_json::Value;
 
 static HOST: Mutex<()> = Mutex::new(());
@@ -188,48 +188,6 @@ fn watch_waiting_reasons(node: &Server, name: &str, yaml: &str, want: &[&str]) -
     seen
 }
 
-/// `GET path` on the node endpoint at 127.0.0.1:`port`, trusting the cluster CA, with the client
-/// certificate `client` (`client-admin` for the admin's) of the server's TLS folder or none.
-/// Returns the status code and the body.
-fn node_endpoint_get(node: &Server, port: u16, path: &str, client: Option<&str>) -> (u16, String) {
-    use http_body_util::BodyExt as _;
-    use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-    let tls = node.dir.path().join("data/server/tls");
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_file(tls.join("server-ca.crt")).unwrap()).unwrap();
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let config = match client {
-        None => builder.with_no_client_auth(),
-        Some(name) => {
-            let cert = CertificateDer::from_pem_file(tls.join(format!("{name}.crt"))).unwrap();
-            let key = PrivateKeyDer::from_pem_file(tls.join(format!("{name}.key"))).unwrap();
-            builder.with_client_auth_cert(vec![cert], key).unwrap()
-        }
-    };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
-        let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.unwrap();
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
-        tokio::spawn(conn);
-        let req = hyper::Request::get(path)
-            .header("host", format!("127.0.0.1:{port}"))
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .unwrap();
-        let resp = sender.send_request(req).await.unwrap();
-        let code = resp.status().as_u16();
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        (code, String::from_utf8_lossy(&body).trim().to_string())
-    })
-}
-
 fn time_of(v: &Value) -> chrono::DateTime<chrono::Utc> {
     v.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a time: {v}"))
 }
@@ -370,12 +328,12 @@ spec:
         .unwrap();
     assert!(port > 0, "the Node reports its endpoint's port");
     let path = "/containerLogs/default/web/main";
-    assert_eq!(node_endpoint_get(&node, port, path, None), (401, "Unauthorized".to_string()));
+    assert_eq!(https_get(&node, port, path, None), (401, "Unauthorized".to_string()));
     assert_eq!(
-        node_endpoint_get(&node, port, path, Some("client-admin")),
+        https_get(&node, port, path, Some("client-admin")),
         (403, "Forbidden (user=system:admin, verb=get, resource=nodes, subresource=proxy)".to_string())
     );
-    let (code, body) = node_endpoint_get(&node, port, path, Some("client-kube-apiserver-kubelet"));
+    let (code, body) = https_get(&node, port, path, Some("client-kube-apiserver-kubelet"));
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("hello from web"), "{body}");
     let reasons: Vec<String> = node.events("web").into_iter().map(|(r, _)| r).collect();
@@ -757,4 +715,9 @@ spec:
     assert!(err.contains("a container name must be specified for pod pair, choose one of: [steady flaky]"), "{err}");
     let err = node.fails(&["logs", "ticker", "--previous"]);
     assert!(err.contains("previous terminated container \"main\" in pod \"ticker\" not found"), "{err}");
+}
+
+/// `GET path` on the node endpoint at 127.0.0.1:`port` (see [`https_request`]).
+fn https_get(node: &Server, port: u16, path: &str, client: Option<&str>) -> (u16, String) {
+    https_request(node, port, "GET", path, client, &[])
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use busybox::BUSYBOX;
 use common::{Server, eventually};
-use node::{Node, node_ready};
+use node::{Node, https_request, node_ready};
 
 const CIDR: &str = "10.47.0.0/16";
 
@@ -47,6 +47,11 @@ fn text(b: &[u8]) -> String {
 }
 
 fn run_pod(node: &Server, name: &str, script: &str) {
+    run_pod_with(node, name, script, "");
+}
+
+/// A busybox pod running `script`, with `extra` lines added to its container.
+fn run_pod_with(node: &Server, name: &str, script: &str, extra: &str) {
     let yaml = format!(
         r#"apiVersion: v1
 kind: Pod
@@ -58,6 +63,7 @@ spec:
     image: {BUSYBOX}
     imagePullPolicy: Never
     command: ["/bin/sh", "-c", {script:?}]
+{extra}
 "#
     );
     node.ok_stdin(&["apply", "-f", "-"], &yaml);
@@ -166,6 +172,119 @@ fn check_port_forward(node: &Server, env: &[(&str, &str)]) {
     );
 }
 
+/// A pseudo-terminal pair of `rows` x `cols`: (master, slave).
+fn pty(rows: u16, cols: u16) -> (std::fs::File, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd as _;
+    let (mut master, mut slave) = (0, 0);
+    let size = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: openpty writes two descriptors it opened into the two integers.
+    let rc = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), &size) };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened and are owned by nobody else.
+    unsafe { (std::fs::File::from_raw_fd(master), std::os::fd::OwnedFd::from_raw_fd(slave)) }
+}
+
+/// Reads the terminal in the background; `wait_for` returns once `want` was seen.
+struct Screen(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl Screen {
+    fn new(mut master: std::fs::File) -> Screen {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let out = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = master.read(&mut buf) {
+                out.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Screen(seen)
+    }
+
+    fn wait_for(&self, want: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !self.0.lock().unwrap().contains(want) {
+            assert!(std::time::Instant::now() < deadline, "{want:?} not on the terminal: {:?}", self.0.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `kubectl exec -it` on a terminal: the command sees a TTY of the terminal's size, follows a
+/// resize, and its exit code comes back.
+fn check_tty(node: &Server, env: &[(&str, &str)]) {
+    use std::os::fd::AsRawFd as _;
+    let (master, slave) = pty(30, 100);
+    let mut writer = master.try_clone().unwrap();
+    let mut child = Command::new(common::kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .args([
+            "exec",
+            "-it",
+            "shell",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo ready; read x; stty size; read x; stty size; exit 4",
+        ])
+        .envs(env.iter().copied())
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let screen = Screen::new(master);
+    // kubectl sends the terminal's size as the session starts, beside the command's start: the
+    // command reads it once it was told to go on.
+    screen.wait_for("ready");
+    writer.write_all(b"\n").unwrap();
+    screen.wait_for("30 100");
+    let size = libc::winsize { ws_row: 40, ws_col: 120, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCSWINSZ reads a winsize from the pointer; kill sends a signal to kubectl.
+    unsafe {
+        assert_eq!(libc::ioctl(writer.as_raw_fd(), libc::TIOCSWINSZ, &size), 0);
+        libc::kill(child.id() as i32, libc::SIGWINCH);
+    }
+    // The resize travels on its own stream: give it a moment before the command reads the size.
+    std::thread::sleep(Duration::from_millis(500));
+    writer.write_all(b"\n").unwrap();
+    screen.wait_for("40 120");
+    let status = eventually(30, || child.try_wait().unwrap());
+    assert_eq!(status.code(), Some(4), "the TTY session's exit code; screen: {}", screen.0.lock().unwrap());
+}
+
+/// `kubectl attach -i` to a container reading its stdin (`stdinOnce`: it sees EOF when the attach
+/// closes stdin, and ends).
+fn check_attach(node: &Server) {
+    run_pod_with(
+        node,
+        "talker",
+        "while read l; do echo \"got $l\"; done; echo bye",
+        "    stdin: true\n    stdinOnce: true\n  restartPolicy: Never",
+    );
+    wait_ready(node, "talker");
+    let out = kubectl_env(node, &[], &["attach", "-i", "talker", "-c", "main"], Some(b"hi\nthere\n"));
+    assert!(out.status.success(), "attach: {}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("got hi\ngot there\n"), "the container read what attach sent: {said:?}");
+}
+
+/// The streaming subresources are authenticated as any request, and check the pod first.
+fn check_refusals(node: &Server) {
+    let port: u16 = node.url.rsplit(':').next().unwrap().parse().unwrap();
+    let upgrade =
+        [("connection", "Upgrade"), ("upgrade", "SPDY/3.1"), ("x-stream-protocol-version", "v4.channel.k8s.io")];
+    let path = "/api/v1/namespaces/default/pods/shell/exec?command=true&stdout=true";
+    let (code, _) = https_request(node, port, "POST", path, None, &upgrade);
+    assert_eq!(code, 401, "exec without credentials");
+    let missing = "/api/v1/namespaces/default/pods/nopod/exec?command=true&stdout=true";
+    let (code, body) = https_request(node, port, "POST", missing, Some("client-admin"), &upgrade);
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains(r#"pods \"nopod\" not found"#), "{body}");
+    let (code, body) = https_request(node, port, "POST", path, Some("client-admin"), &[]);
+    assert_eq!((code, body.contains("Upgrade request required")), (400, true), "{body}");
+}
+
 #[test]
 fn exec_cp_and_port_forward_like_a_kubelet() {
     let node = Node::start(CIDR);
@@ -181,6 +300,10 @@ fn exec_cp_and_port_forward_like_a_kubelet() {
 
     check_exec(&node, &[]);
     check_exec(&node, &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]);
+    check_tty(&node, &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]);
+    check_tty(&node, &[]);
+    check_attach(&node);
+    check_refusals(&node);
     check_cp(&node, &[]);
     check_port_forward(&node, &[]);
     check_port_forward(&node, &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]);

@@ -35,10 +35,10 @@ fn param<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
     query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
-/// A boolean option; `stdout` and `stderr` default to true (upstream's `SetDefaults_PodExecOptions`).
-fn flag(query: &[(String, String)], name: &str, default: bool) -> Result<bool> {
+/// A boolean option of `PodExecOptions` / `PodAttachOptions` (absent: false).
+fn flag(query: &[(String, String)], name: &str) -> Result<bool> {
     match param(query, name) {
-        None => Ok(default),
+        None => Ok(false),
         Some("true" | "1" | "True" | "TRUE") => Ok(true),
         Some("false" | "0" | "False" | "FALSE" | "") => Ok(false),
         Some(v) => Err(StatusError::bad_request(format!("invalid value {v:?} for {name}: not a boolean"))),
@@ -71,10 +71,10 @@ pub async fn connect(
             _ => {
                 let container = container_name(&pod, param(query, "container"))?;
                 let streams = Streams {
-                    stdin: flag(query, "stdin", false)?,
-                    stdout: flag(query, "stdout", true)?,
-                    stderr: flag(query, "stderr", true)?,
-                    tty: flag(query, "tty", false)?,
+                    stdin: flag(query, "stdin")?,
+                    stdout: flag(query, "stdout")?,
+                    stderr: flag(query, "stderr")?,
+                    tty: flag(query, "tty")?,
                 };
                 if !(streams.stdin || streams.stdout || streams.stderr) {
                     return Err(StatusError::bad_request("you must specify at least 1 of stdin, stdout, stderr"));

@@ -78,3 +78,52 @@ pub fn node_ready(node: &Server) -> Option<()> {
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
         .then_some(())
 }
+
+/// One HTTPS request to 127.0.0.1:`port`, verified against the cluster CA, with the client
+/// certificate `client` of the server's TLS directory (none when `None`): its status and body.
+pub fn https_request(
+    node: &Server,
+    port: u16,
+    method: &str,
+    path: &str,
+    client: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    use http_body_util::BodyExt as _;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let tls = node.dir.path().join("data/server/tls");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(tls.join("server-ca.crt")).unwrap()).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some(name) => {
+            let cert = CertificateDer::from_pem_file(tls.join(format!("{name}.crt"))).unwrap();
+            let key = PrivateKeyDer::from_pem_file(tls.join(format!("{name}.key"))).unwrap();
+            builder.with_client_auth_cert(vec![cert], key).unwrap()
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+        let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        let mut req = hyper::Request::builder().method(method).uri(path).header("host", format!("127.0.0.1:{port}"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        let code = resp.status().as_u16();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (code, String::from_utf8_lossy(&body).trim().to_string())
+    })
+}

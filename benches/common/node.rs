@@ -1,0 +1,77 @@
+//! A `cairn server` with its node agent for the benchmarks that run pods (root, containerd, runc
+//! and busybox-static needed): the busybox image is in its images directory and imported before
+//! `start` returns. Include beside `binary` and `busybox`.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+use super::binary;
+use super::busybox::{BUSYBOX, busybox_image};
+
+/// The running server; SIGTERMed when dropped.
+pub struct Cairn {
+    pub child: Child,
+    pub data: PathBuf,
+    pub kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Cairn {
+    pub fn start(cluster_cidr: &str) -> Result<Cairn> {
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(data.join("agent/images"))?;
+        std::fs::write(data.join("agent/images/busybox.tar"), busybox_image())?;
+        let kubeconfig = dir.path().join("kubeconfig.yaml");
+        let child = Command::new(binary::cairn_bin())
+            .args(["server", "--bind-address", "127.0.0.1", "--https-listen-port", "0", "--log", "warn"])
+            .args(["--cluster-cidr", cluster_cidr])
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--write-kubeconfig")
+            .arg(&kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting cairn")?;
+        let cairn = Cairn { child, data, kubeconfig, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        // `cairn ctr images` prints the repository and the tag in separate columns.
+        let repo = BUSYBOX.rsplit_once(':').map_or(BUSYBOX, |(repo, _)| repo).as_bytes();
+        while !cairn.cairn(&["ctr", "images"])?.stdout.windows(repo.len()).any(|w| w == repo) {
+            if Instant::now() > deadline {
+                bail!("cairn did not import the bench image within 90 s");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(cairn)
+    }
+
+    pub fn cairn(&self, args: &[&str]) -> Result<std::process::Output> {
+        Ok(Command::new(binary::cairn_bin()).args(args).arg("--data-dir").arg(&self.data).output()?)
+    }
+
+    pub async fn client(&self) -> Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    pub fn containerd_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.data.join("agent/containerd/containerd.pid")).ok()?.trim().parse().ok()
+    }
+}
+
+impl Drop for Cairn {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
