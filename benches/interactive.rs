@@ -106,7 +106,7 @@ fn main() -> Result<()> {
         "mkdir -p /www && dd if=/dev/zero of=/www/big bs=1048576 count={SIZE_MIB} && exec httpd -f -p 80 -h /www"
     );
     let yaml = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: bench}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [\"/bin/sh\", \"-c\", {script:?}]\n    readinessProbe: {{tcpSocket: {{port: 80}}, periodSeconds: 1}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: bench}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    command: [\"/bin/sh\", \"-c\", {script:?}]\n"
     );
     let mut apply = Command::new(kubectl_path())
         .arg("--kubeconfig")
@@ -117,12 +117,7 @@ fn main() -> Result<()> {
         .spawn()?;
     apply.stdin.take().context("stdin")?.write_all(yaml.as_bytes())?;
     apply.wait()?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while kubectl(&cairn, &[], &["wait", "--for=condition=Ready", "pod/bench", "--timeout=10s"]).is_err() {
-        if Instant::now() > deadline {
-            bail!("the bench pod did not become ready in 120 s");
-        }
-    }
+    kubectl(&cairn, &[], &["wait", "--for=condition=Ready", "pod/bench", "--timeout=120s"])?;
     let pod: Value = serde_json::from_slice(&kubectl(&cairn, &[], &["get", "pod", "bench", "-o", "json"])?.stdout)?;
     let ip = pod["status"]["podIP"].as_str().context("no pod IP")?.to_string();
     let id = pod["status"]["containerStatuses"][0]["containerID"]
@@ -130,10 +125,22 @@ fn main() -> Result<()> {
         .and_then(|c| c.strip_prefix("containerd://"))
         .context("no container ID")?
         .to_string();
+    // httpd listens once the file is written.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while TcpStream::connect((ip.as_str(), 80)).is_err() {
+        if Instant::now() > deadline {
+            bail!("the bench pod's httpd did not listen in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     println!("exec round trip, {execs} runs (p50 / p99 ms):");
     let floor = timed(execs, || {
-        let out = cairn.cairn(&["ctr", "exec", &id, "true"])?;
+        let out = Command::new(binary::cairn_bin())
+            .args(["ctr", "--data-dir"])
+            .arg(&cairn.data)
+            .args(["exec", &id, "--", "true"])
+            .output()?;
         if !out.status.success() {
             bail!("cairn ctr exec: {}", String::from_utf8_lossy(&out.stderr));
         }

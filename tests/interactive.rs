@@ -269,6 +269,43 @@ fn check_attach(node: &Server) {
     assert!(said.contains("got hi\ngot there\n"), "the container read what attach sent: {said:?}");
 }
 
+/// `-c` picks the container, the default-container annotation picks it without `-c`, and a
+/// container that is not running is refused with kubelet's text.
+fn check_containers(node: &Server) {
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: duo
+  annotations: {{kubectl.kubernetes.io/default-container: side}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 0
+  containers:
+  - {{name: main, image: {BUSYBOX}, command: ["/bin/sh", "-c", "sleep 3600"], env: [{{name: WHO, value: main}}]}}
+  - {{name: side, image: {BUSYBOX}, command: ["/bin/sh", "-c", "sleep 3600"], env: [{{name: WHO, value: side}}]}}
+  - {{name: done, image: {BUSYBOX}, command: ["/bin/true"]}}
+"#
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &yaml);
+    eventually(60, || {
+        let out = node.ok(&["get", "pod", "duo", "-o", "jsonpath={.status.containerStatuses[*].state}"]);
+        (out.matches("running").count() == 2 && out.contains("terminated")).then_some(())
+    });
+    let who = |args: &[&str]| text(&kubectl_env(node, &[], args, None).stdout);
+    assert_eq!(who(&["exec", "duo", "--", "/bin/sh", "-c", "echo $WHO"]), "side\n");
+    assert_eq!(who(&["exec", "duo", "-c", "main", "--", "/bin/sh", "-c", "echo $WHO"]), "main\n");
+    for env in [vec![], vec![("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]] {
+        let gone = kubectl_env(node, &env, &["exec", "duo", "-c", "done", "--", "true"], None);
+        assert!(!gone.status.success());
+        assert!(
+            text(&gone.stderr).contains(r#"unable to upgrade connection: container not found ("done")"#),
+            "{env:?}: {}",
+            text(&gone.stderr)
+        );
+    }
+}
+
 /// The streaming subresources are authenticated as any request, and check the pod first.
 fn check_refusals(node: &Server) {
     let port: u16 = node.url.rsplit(':').next().unwrap().parse().unwrap();
@@ -303,6 +340,7 @@ fn exec_cp_and_port_forward_like_a_kubelet() {
     check_tty(&node, &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]);
     check_tty(&node, &[]);
     check_attach(&node);
+    check_containers(&node);
     check_refusals(&node);
     check_cp(&node, &[]);
     check_port_forward(&node, &[]);

@@ -53,6 +53,11 @@ impl FakeRuntime {
         fake
     }
 
+    /// The image is imported now.
+    pub fn add_image(&self, image: &str) {
+        self.lock().images.insert(image.to_string());
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

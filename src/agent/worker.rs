@@ -684,6 +684,8 @@ impl Worker {
                 let message = format!("Container image \"{image}\" is not present with pull policy of Never");
                 self.event(EventType::Warning, "ErrImageNeverPull", message.clone());
                 self.waiting.insert(c.name.clone(), ("ErrImageNeverPull".into(), message));
+                // kubelet retries a failed sync after its 10 s back-off: the image may be imported.
+                self.due_at(Instant::now() + RETRY);
                 return None;
             }
             ("Never" | "IfNotPresent", Some(user)) => {

@@ -159,6 +159,21 @@ async fn a_new_pod_gets_a_sandbox_and_a_running_container() {
     h.stop().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_missing_image_with_pull_policy_never_is_tried_again() {
+    let never = json!({"name": "app", "image": IMAGE, "imagePullPolicy": "Never"});
+    let h = start(Arc::new(FakeRuntime::default()), pod(never));
+    let status = h.status_until("ErrImageNeverPull", |s| app_status(s)["state"]["waiting"].is_object()).await;
+    assert_eq!(app_status(&status)["state"]["waiting"]["reason"], "ErrImageNeverPull");
+    assert_eq!(h.runtime.count("CreateContainer"), 0);
+    // Imported later (the images directory): the next try, 10 s on as kubelet's, starts it.
+    h.runtime.add_image(IMAGE);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(h.runtime.count("CreateContainer"), 0, "not before the back-off");
+    h.status_until("the pod running", running).await;
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn a_crashing_container_is_restarted_at_once_then_backs_off() {
     let h = start(Arc::new(FakeRuntime::with_images(&[IMAGE])), pod(app()));
