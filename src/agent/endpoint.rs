@@ -177,42 +177,38 @@ async fn stream_to(url: &str, mut req: Request) -> Response {
     }
 }
 
+/// A session with one running container.
+#[derive(Clone, Copy)]
+enum Session {
+    Exec,
+    Attach,
+}
+
 /// `/exec/{namespace}/{pod}/{container}`: CRI `Exec`, then its stream.
 async fn exec(
     State(pods): State<Arc<Pods>>,
-    Path((namespace, name, container)): Path<(String, String, String)>,
+    Path(at): Path<(String, String, String)>,
     Query(query): Query<Vec<(String, String)>>,
     req: Request,
 ) -> Response {
-    if let Some(refused) = refusal(req.extensions()) {
-        return refused;
-    }
-    let Some(pod) = pods.find(&namespace, &name) else {
-        return text(StatusCode::NOT_FOUND, "pod does not exist".into());
-    };
-    let Some(id) = running_container(&pods, &pod, &container).await else {
-        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("container not found ({container:?})"));
-    };
-    let o = StreamOptions::from_query(&query);
-    let r = cri::ExecRequest {
-        container_id: id,
-        cmd: o.command,
-        tty: o.tty,
-        stdin: o.stdin,
-        stdout: o.stdout,
-        stderr: o.stderr,
-    };
-    match pods.runtime().exec(r).await {
-        Ok(resp) => stream_to(&resp.url, req).await,
-        Err(e) => runtime_error(&e),
-    }
+    container_session(Session::Exec, &pods, at, &query, req).await
 }
 
 /// `/attach/{namespace}/{pod}/{container}`: CRI `Attach`, then its stream.
 async fn attach(
     State(pods): State<Arc<Pods>>,
-    Path((namespace, name, container)): Path<(String, String, String)>,
+    Path(at): Path<(String, String, String)>,
     Query(query): Query<Vec<(String, String)>>,
+    req: Request,
+) -> Response {
+    container_session(Session::Attach, &pods, at, &query, req).await
+}
+
+async fn container_session(
+    kind: Session,
+    pods: &Pods,
+    (namespace, name, container): (String, String, String),
+    query: &[(String, String)],
     req: Request,
 ) -> Response {
     if let Some(refused) = refusal(req.extensions()) {
@@ -221,16 +217,29 @@ async fn attach(
     let Some(pod) = pods.find(&namespace, &name) else {
         return text(StatusCode::NOT_FOUND, "pod does not exist".into());
     };
-    let Some(id) = running_container(&pods, &pod, &container).await else {
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("container {container} not found in pod {name}_{namespace}"),
-        );
+    let Some(id) = running_container(pods, &pod, &container).await else {
+        // kubelet's texts (`GetExec`, `GetAttach`).
+        let message = match kind {
+            Session::Exec => format!("container not found ({container:?})"),
+            Session::Attach => format!("container {container} not found in pod {name}_{namespace}"),
+        };
+        return text(StatusCode::INTERNAL_SERVER_ERROR, message);
     };
-    let o = StreamOptions::from_query(&query);
-    let r = cri::AttachRequest { container_id: id, stdin: o.stdin, tty: o.tty, stdout: o.stdout, stderr: o.stderr };
-    match pods.runtime().attach(r).await {
-        Ok(resp) => stream_to(&resp.url, req).await,
+    let o = StreamOptions::from_query(query);
+    let url = match kind {
+        Session::Exec => {
+            let (cmd, tty, stdin, stdout, stderr) = (o.command, o.tty, o.stdin, o.stdout, o.stderr);
+            let r = cri::ExecRequest { container_id: id, cmd, tty, stdin, stdout, stderr };
+            pods.runtime().exec(r).await.map(|r| r.url)
+        }
+        Session::Attach => {
+            let r =
+                cri::AttachRequest { container_id: id, stdin: o.stdin, tty: o.tty, stdout: o.stdout, stderr: o.stderr };
+            pods.runtime().attach(r).await.map(|r| r.url)
+        }
+    };
+    match url {
+        Ok(url) => stream_to(&url, req).await,
         Err(e) => runtime_error(&e),
     }
 }
