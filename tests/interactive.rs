@@ -335,6 +335,14 @@ fn exec_cp_and_port_forward_like_a_kubelet() {
     wait_ready(&node, "shell");
     wait_ready(&node, "web");
 
+    // A session longer than kubectl's 61 s WebSocket ping deadline, beside the other checks: it
+    // lasts only if the server answers kubectl's pings.
+    let long = {
+        let args = ["--kubeconfig", node.kubeconfig.to_str().unwrap(), "exec", "shell", "--"];
+        let mut cmd = Command::new(common::kubectl_path());
+        cmd.args(args).args(["/bin/sh", "-c", "sleep 65; echo survived"]);
+        std::thread::spawn(move || cmd.output().unwrap())
+    };
     check_exec(&node, &[]);
     check_exec(&node, &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]);
     check_tty(&node, &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]);
@@ -345,4 +353,6 @@ fn exec_cp_and_port_forward_like_a_kubelet() {
     check_cp(&node, &[]);
     check_port_forward(&node, &[]);
     check_port_forward(&node, &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]);
+    let long = long.join().unwrap();
+    assert_eq!(text(&long.stdout), "survived\n", "a 65 s session: {}", text(&long.stderr));
 }
