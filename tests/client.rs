@@ -369,6 +369,16 @@ async fn binding_twice_is_a_conflict() {
         nodes.create(&PostParams::default(), &ready_node(n)).await.unwrap();
     }
     pods.create(&PostParams::default(), &pod("web")).await.unwrap();
+    // The nodes report no room, so the scheduler finds the pod unschedulable: wait for its verdict,
+    // or its status write could land after the binding below.
+    for _ in 0..200 {
+        let p = pods.get("web").await.unwrap();
+        let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
+        if conditions.iter().any(|c| c.type_ == "PodScheduled" && c.status == "False") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     let answer: Value = serde_json::from_str(&bind(&client, "web", "n1").await.unwrap()).unwrap();
     assert_eq!((answer["kind"].as_str(), answer["status"].as_str()), (Some("Status"), Some("Success")), "{answer}");
