@@ -139,8 +139,8 @@ fn check_cp(node: &Server, env: &[(&str, &str)]) {
 }
 
 /// A port-forward of two ports: 20 concurrent fetches through one, then a connection to the other,
-/// where nothing listens in the pod: the refusal reaches kubectl, which (client-go's design since
-/// 1.23) reports it and ends the forward.
+/// where nothing listens in the pod: the refusal reaches kubectl, which reports it and ends the
+/// forward (client-go's `handleConnection` closes the connection on any error-stream message).
 fn check_port_forward(node: &Server, env: &[(&str, &str)]) {
     let how = if env.is_empty() { "websocket" } else { "spdy" };
     let (web, refused) = (free_port(), free_port());
