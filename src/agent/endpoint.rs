@@ -167,11 +167,8 @@ async fn stream_to(url: &str, mut req: Request) -> Response {
         Err(e) => return failed(format!("the runtime's streaming URL {url:?}: {e}")),
     };
     *upstream.headers_mut() = proxy::forwarded_headers(req.headers());
-    if let Ok(host) = HeaderValue::from_str(authority) {
-        upstream.headers_mut().insert(header::HOST, host);
-    }
     let on_upgrade = hyper::upgrade::on(&mut req);
-    match proxy::send(tcp, upstream).await {
+    match proxy::send(tcp, authority, upstream).await {
         Ok(resp) => proxy::join(on_upgrade, resp),
         Err(e) => failed(format!("the runtime's streaming server at {authority}: {e}")),
     }

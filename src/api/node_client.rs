@@ -1,5 +1,5 @@
 //! Calls from the API server to node endpoints (the kubelet API every node serves on its
-//! `status.daemonEndpoints.kubeletEndpoint.Port`), as kube-apiserver makes them for `pods/log`:
+//! `status.daemonEndpoints.kubeletEndpoint.Port`), as kube-apiserver makes them for `pods/log` and the streaming subresources:
 //! HTTPS verified against the cluster CA, with the API server's own client certificate. The node
 //! this process runs is reached on loopback; another by its address (k3s's preferred order:
 //! InternalIP, ExternalIP, Hostname).
@@ -11,7 +11,6 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
 use rustls::pki_types::ServerName;
 
@@ -75,23 +74,12 @@ impl NodeClient {
     /// `GenericHttpResponseChecker`).
     pub async fn get(&self, registry: &Registry, node: &str, path_and_query: &str) -> Result<Response<Incoming>> {
         let (stream, authority) = self.open(registry, node).await?;
-        let unreachable = |e: String| {
-            StatusError::service_unavailable(format!("the node endpoint of node {node} ({authority}): {e}"))
-        };
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(stream))
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("node endpoint connection ended: {e}");
-            }
-        });
         let req = Request::get(path_and_query)
-            .header(http::header::HOST, &authority)
             .body(http_body_util::Empty::new())
             .map_err(|e| StatusError::internal(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(|e| unreachable(e.to_string()))?;
+        let resp = crate::streaming::proxy::send(stream, &authority, req).await.map_err(|e| {
+            StatusError::service_unavailable(format!("the node endpoint of node {node} ({authority}): {e}"))
+        })?;
         if resp.status() == StatusCode::OK {
             return Ok(resp);
         }

@@ -128,8 +128,7 @@ pub async fn connect(
         Mode::Proxy => {
             *upstream.method_mut() = req.method().clone();
             *upstream.headers_mut() = proxy::forwarded_headers(req.headers());
-            set_host(&mut upstream, &authority);
-            let resp = proxy::send(io, upstream).await.map_err(unreachable)?;
+            let resp = proxy::send(io, &authority, upstream).await.map_err(unreachable)?;
             Ok(proxy::join(on_client, resp))
         }
         Mode::Translate(_) | Mode::Tunnel => {
@@ -144,8 +143,7 @@ pub async fn connect(
             h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
             h.insert(header::UPGRADE, HeaderValue::from_static("SPDY/3.1"));
             h.insert("x-stream-protocol-version", HeaderValue::from_static(version));
-            set_host(&mut upstream, &authority);
-            let node_io = spdy_upgrade(io, upstream).await?;
+            let node_io = spdy_upgrade(io, &authority, upstream).await?;
             match mode {
                 Mode::Translate(streams) => tokio::spawn(websocket::translate(on_client, node_io, streams)),
                 _ => tokio::spawn(websocket::tunnel(on_client, node_io)),
@@ -155,16 +153,15 @@ pub async fn connect(
     }
 }
 
-fn set_host(req: &mut http::Request<Empty<Bytes>>, authority: &str) {
-    if let Ok(host) = HeaderValue::from_str(authority) {
-        req.headers_mut().insert(header::HOST, host);
-    }
-}
-
 /// The node's connection once it switched to SPDY; its refusal as a Status otherwise.
-async fn spdy_upgrade(io: NodeStream, req: http::Request<Empty<Bytes>>) -> Result<TokioIo<hyper::upgrade::Upgraded>> {
-    let mut resp =
-        proxy::send(io, req).await.map_err(|e| StatusError::service_unavailable(format!("the node endpoint: {e}")))?;
+async fn spdy_upgrade(
+    io: NodeStream,
+    authority: &str,
+    req: http::Request<Empty<Bytes>>,
+) -> Result<TokioIo<hyper::upgrade::Upgraded>> {
+    let mut resp = proxy::send(io, authority, req)
+        .await
+        .map_err(|e| StatusError::service_unavailable(format!("the node endpoint: {e}")))?;
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         return Err(error_of(resp).await);
     }

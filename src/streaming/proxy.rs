@@ -44,16 +44,19 @@ pub fn forwarded_headers(from: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// Sends `req` over `io` (HTTP/1.1) and returns the backend's answer; a 101's connection is then
-/// taken with [`hyper::upgrade::on`].
-pub async fn send<S>(io: S, req: Request<Empty<Bytes>>) -> Result<Response<Incoming>, hyper::Error>
+/// Sends `req` over `io` (HTTP/1.1) to `authority` (its `Host`) and returns the backend's answer;
+/// a 101's connection is then taken with [`hyper::upgrade::on`].
+pub async fn send<S>(io: S, authority: &str, mut req: Request<Empty<Bytes>>) -> Result<Response<Incoming>, hyper::Error>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    if let Ok(host) = http::HeaderValue::from_str(authority) {
+        req.headers_mut().insert(header::HOST, host);
+    }
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!("streaming backend connection ended: {e}");
+            tracing::debug!("backend connection ended: {e}");
         }
     });
     sender.send_request(req).await
