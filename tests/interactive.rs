@@ -269,6 +269,52 @@ fn check_attach(node: &Server) {
     assert!(said.contains("got hi\ngot there\n"), "the container read what attach sent: {said:?}");
 }
 
+/// `kubectl debug -i` adds an ephemeral container that shares the target's process namespace and
+/// attaches to it; it runs once, and the pod's own container is left alone.
+fn check_debug(node: &Server) {
+    use std::io::BufRead as _;
+    let image = format!("--image={BUSYBOX}");
+    let mut debug = Command::new(common::kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .args(["debug", "-i", "shell", &image, "--target=main", "-c", "debugger", "--", "/bin/sh"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = debug.stdin.take().unwrap();
+    // Attach ends when its stdin does (containerd detaches): keep it open until the answer is in.
+    stdin.write_all(b"ps -o pid,args; echo ps-done\n").unwrap();
+    let lines: Vec<String> = std::io::BufReader::new(debug.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .take_while(|l| l != "ps-done")
+        .collect();
+    stdin.write_all(b"exit 0\n").unwrap();
+    drop(stdin);
+    let status = eventually(30, || debug.try_wait().unwrap());
+    assert!(status.success(), "kubectl debug failed");
+    let pod = || node.ok(&["get", "pod", "shell", "-o", "yaml"]);
+    assert!(
+        lines.iter().any(|l| l.ends_with("sleep 3600")),
+        "the debugger sees the target's processes: {lines:?}\n{}",
+        pod()
+    );
+    eventually(30, || {
+        let jsonpath = "jsonpath={.status.ephemeralContainerStatuses[0].state.terminated.exitCode}";
+        (node.ok(&["get", "pod", "shell", "-o", jsonpath]) == "0").then_some(())
+    });
+    let main = node.ok(&["get", "pod", "shell", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"]);
+    assert_eq!(main, "0", "the target container was restarted");
+    // The target must be one of the pod's containers.
+    let args = ["debug", "shell", &image, "--target=nope", "-c", "lost"];
+    let refused = kubectl_env(node, &[], &args, None);
+    assert!(!refused.status.success());
+    let err = text(&refused.stderr);
+    assert!(err.contains(r#"spec.ephemeralContainers[1].targetContainerName: Not found: "nope""#), "{err}");
+}
+
 /// `-c` picks the container, the default-container annotation picks it without `-c`, and a
 /// container that is not running is refused with kubelet's text.
 fn check_containers(node: &Server) {
@@ -350,6 +396,7 @@ fn exec_cp_and_port_forward_like_a_kubelet() {
     check_attach(&node);
     check_containers(&node);
     check_refusals(&node);
+    check_debug(&node);
     check_cp(&node, &[]);
     check_port_forward(&node, &[]);
     check_port_forward(&node, &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]);

@@ -73,8 +73,7 @@ async fn container_logs(
     let Some(pod) = pods.find(&namespace, &name) else {
         return text(StatusCode::NOT_FOUND, format!("pod {name:?} does not exist"));
     };
-    let spec = pod.spec.clone().unwrap_or_default();
-    if !spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| c.name == container) {
+    if !spec::container_names(&pod).any(|c| c == container) {
         return text(StatusCode::NOT_FOUND, format!("container {container:?} not found in pod {name:?}"));
     }
     let opts = match LogOptions::from_query(&query, chrono::Utc::now()) {

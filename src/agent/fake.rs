@@ -185,7 +185,12 @@ impl ContainerRuntime for FakeRuntime {
         st.next_id += 1;
         let id = format!("container-{}", st.next_id);
         let name = config.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
-        st.calls.push(format!("CreateContainer {name}"));
+        let ns =
+            config.linux.as_ref().and_then(|l| l.security_context.as_ref()).and_then(|s| s.namespace_options.as_ref());
+        match ns.filter(|n| n.pid == cri::NamespaceMode::Target as i32) {
+            Some(n) => st.calls.push(format!("CreateContainer {name} pid-of={}", n.target_id)),
+            None => st.calls.push(format!("CreateContainer {name}")),
+        }
         let mut labels = config.labels;
         // Where the fake finds a container's sandbox (containerd keeps it outside the labels).
         labels.insert("io.kubernetes.sandbox.id".into(), r.pod_sandbox_id);

@@ -410,6 +410,7 @@ fn status_of<'a>(pod: &'a Pod, container: &str) -> Option<&'a ContainerStatus> {
         .container_statuses
         .iter()
         .chain(status.init_container_statuses.iter())
+        .chain(status.ephemeral_container_statuses.iter())
         .flatten()
         .find(|s| s.name == container)
 }

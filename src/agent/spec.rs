@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, SecurityContext};
 use sha2::{Digest, Sha256};
 
 use super::status::keys;
+use crate::registry::kinds::pod_rules::ephemeral_as_container;
 use crate::runtime::cri;
 
 /// Paths hidden from unprivileged containers (upstream `securitycontext.DefaultMaskedPaths`).
@@ -69,6 +70,39 @@ fn pod_labels(pod: &Pod) -> HashMap<String, String> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// Every container name of the pod: init, regular and ephemeral containers.
+pub fn container_names(pod: &Pod) -> impl Iterator<Item = &str> {
+    let spec = pod.spec.as_ref();
+    let inits = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
+    let apps = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    let ephemeral = spec.and_then(|s| s.ephemeral_containers.as_deref()).unwrap_or_default();
+    inits.iter().chain(apps).map(|c| c.name.as_str()).chain(ephemeral.iter().map(|c| c.name.as_str()))
+}
+
+/// The pod's ephemeral containers as the containers they run as, each with the name of the
+/// container whose process namespace it joins (`targetContainerName`).
+pub fn ephemeral_containers(pod: &Pod) -> Vec<(Container, Option<String>)> {
+    let ephemeral = pod.spec.as_ref().and_then(|s| s.ephemeral_containers.as_deref()).unwrap_or_default();
+    ephemeral
+        .iter()
+        .map(|ec| (ephemeral_as_container(ec), ec.target_container_name.clone().filter(|t| !t.is_empty())))
+        .collect()
+}
+
+/// Makes a container join the PID namespace of the running container `target_id` (an ephemeral
+/// container's `targetContainerName`; CRI's `NamespaceMode::Target`).
+pub fn join_pid_namespace(config: &mut cri::ContainerConfig, target_id: &str) {
+    let options = config
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default);
+    options.pid = cri::NamespaceMode::Target as i32;
+    options.target_id = target_id.to_string();
 }
 
 /// CRI label selector for everything of this pod.

@@ -347,6 +347,15 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
             s.state = Some(waiting("PodInitializing", ""));
         }
     }
+    // Ephemeral containers are never ready and take no part in the phase or conditions.
+    let ephemeral: Vec<ContainerStatus> = super::spec::ephemeral_containers(pod)
+        .iter()
+        .map(|(c, _)| ContainerStatus {
+            ready: false,
+            started: None,
+            ..container_status(c, rt, inputs, "ContainerCreating")
+        })
+        .collect();
     let terminal = inputs.terminal.is_some();
     let phase = phase(pod, &init, &app, initialized, terminal);
 
@@ -427,6 +436,7 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
         conditions: Some(all),
         container_statuses: Some(app),
         init_container_statuses: (!init.is_empty()).then_some(init),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
         host_ip: inputs.host_ip.map(String::from).or(old.host_ip.clone()),
         host_ips: inputs
             .host_ip

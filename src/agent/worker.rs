@@ -353,7 +353,14 @@ impl Worker {
 
         let mut rt = self.runtime_pod().await?;
         // Containers to stop: changed specs, failed liveness or startup probes, names no longer in the spec.
-        let all_specs: Vec<&Container> = spec.init_containers.iter().flatten().chain(&spec.containers).collect();
+        let ephemeral = spec::ephemeral_containers(&pod);
+        let all_specs: Vec<&Container> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .chain(ephemeral.iter().map(|(c, _)| c))
+            .collect();
         for c in rt.running().cloned().collect::<Vec<_>>() {
             let wanted = all_specs.iter().find(|s| s.name == c.name);
             let why = match wanted {
@@ -454,6 +461,17 @@ impl Worker {
                 let target = Target::new(s, &c.id, pod_ips.first().cloned());
                 let previous = was.get(format!("{}://{}", self.ctx.host.runtime_name, c.id).as_str()).copied();
                 self.ctx.probes.adopt_container(&self.uid, s, &c.id, target, previous.unwrap_or((false, false)));
+            }
+        }
+
+        // Ephemeral containers run once and are never restarted; upstream starts them before init
+        // containers, so that a pod stuck initializing can still be debugged.
+        for (c, _) in &ephemeral {
+            if self.deletion_pending() {
+                return Ok(false);
+            }
+            if rt.latest(&c.name).is_none() {
+                self.start(&pod, c, &target, &rt, &pod_ips, &volumes).await;
             }
         }
 
@@ -592,9 +610,22 @@ impl Worker {
             status.host_ips = self.ctx.host.node_ip.clone().map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip }]);
         }
         let config = match self.ctx.container_inputs(&pod_with_ips, c, restart_count, pod_ips, volumes).await {
-            Ok(inputs) => spec::container_config(pod, c, inputs),
-            Err(e) => {
-                let message = e.to_string();
+            Ok(inputs) => Ok(spec::container_config(pod, c, inputs)),
+            Err(e) => Err(e.to_string()),
+        };
+        // An ephemeral container with a target joins that container's process namespace
+        // (kubelet's `getTargetID`: the target's newest run).
+        let target = spec::ephemeral_containers(pod).into_iter().find(|(e, _)| e.name == c.name).and_then(|(_, t)| t);
+        let config = config.and_then(|mut config| {
+            if let Some(target) = target {
+                let run = rt.latest(&target).ok_or(format!("unable to find target container {target}"))?;
+                spec::join_pid_namespace(&mut config, &run.id);
+            }
+            Ok(config)
+        });
+        let config = match config {
+            Ok(config) => config,
+            Err(message) => {
                 self.waiting.insert(c.name.clone(), ("CreateContainerConfigError".into(), message.clone()));
                 self.event(EventType::Warning, "Failed", format!("Error: {message}"));
                 self.due_at(Instant::now() + RETRY);

@@ -223,7 +223,7 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
     match (&method, t.name.as_deref(), t.sub) {
         (&Method::GET, None, None) if t.watch || query.flag("watch") => watch(state, t, &query, &headers),
         (&Method::GET, None, None) => list(state, t, &query, &headers),
-        (&Method::GET, Some(name), None | Some(Subresource::Status)) => {
+        (&Method::GET, Some(name), None | Some(Subresource::Status | Subresource::EphemeralContainers)) => {
             let format = codec::negotiate(&headers, query.get("includeObject"))?;
             let obj = state.registry.get(&t.resource, t.namespace.as_deref(), name)?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, obj, &[]))
@@ -233,14 +233,18 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         }
         (&Method::POST, None, None) => create(state, t, &query, &headers, &body).await,
         (&Method::POST, Some(name), Some(Subresource::Binding)) => bind(state, t, name, &headers, &body).await,
-        (&Method::PUT, Some(name), None | Some(Subresource::Status | Subresource::Finalize)) => {
+        (
+            &Method::PUT,
+            Some(name),
+            None | Some(Subresource::Status | Subresource::Finalize | Subresource::EphemeralContainers),
+        ) => {
             let format = codec::negotiate(&headers, None)?;
             let obj = codec::parse_body(&headers, &body)?;
             let opts = query.write_options()?;
             let w = state.registry.update(&t.resource, t.namespace.as_deref(), name, obj, t.sub, &opts).await?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, w.object, &w.warnings))
         }
-        (&Method::PATCH, Some(name), None | Some(Subresource::Status)) => {
+        (&Method::PATCH, Some(name), None | Some(Subresource::Status | Subresource::EphemeralContainers)) => {
             patch(state, t, name, &query, &headers, &body).await
         }
         (&Method::DELETE, Some(name), None) => delete(state, t, name, &query, &headers, &body).await,

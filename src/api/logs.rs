@@ -20,42 +20,32 @@ pub(super) fn get_pod(state: &AppState, ns: &str, name: &str) -> Result<Pod> {
     serde_json::from_value(value).map_err(|e| StatusError::internal(format!("stored pod {ns}/{name}: {e}")))
 }
 
-/// The container whose log is wanted: the one named, the default-container annotation's, or the
-/// only one.
+/// The container a request means, as kube-apiserver's `validateContainer`: the one named (of any
+/// kind, ephemeral ones included), or the only regular one. (kubectl resolves the
+/// default-container annotation itself and always names one.)
 pub(super) fn container_name(pod: &Pod, asked: Option<&str>) -> Result<String> {
     let name = spec::name(pod);
     let spec = pod.spec.clone().unwrap_or_default();
-    let apps: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-    let inits: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
-    let chosen = match asked.filter(|a| !a.is_empty()) {
-        Some(c) => c.to_string(),
-        None => {
-            let default = pod
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("kubectl.kubernetes.io/default-container"))
-                .filter(|d| apps.contains(&d.as_str()));
-            match (default, apps.as_slice()) {
-                (Some(d), _) => d.clone(),
-                (None, [only]) => only.to_string(),
-                _ => {
-                    let mut message = format!(
-                        "a container name must be specified for pod {name}, choose one of: [{}]",
-                        apps.join(" ")
-                    );
-                    if !inits.is_empty() {
-                        message.push_str(&format!(" or one of the init containers: [{}]", inits.join(" ")));
-                    }
-                    return Err(StatusError::bad_request(message));
-                }
-            }
-        }
-    };
-    if !apps.contains(&chosen.as_str()) && !inits.contains(&chosen.as_str()) {
-        return Err(StatusError::bad_request(format!("container {chosen} is not valid for pod {name}")));
+    let all: Vec<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .map(|c| c.name.as_str())
+        .chain(spec.ephemeral_containers.iter().flatten().map(|c| c.name.as_str()))
+        .collect();
+    match asked.filter(|a| !a.is_empty()) {
+        Some(c) if all.contains(&c) => Ok(c.to_string()),
+        Some(c) => Err(StatusError::bad_request(format!("container {c} is not valid for pod {name}"))),
+        None => match spec.containers.as_slice() {
+            [only] => Ok(only.name.clone()),
+            [] => Err(StatusError::bad_request(format!("a container name must be specified for pod {name}"))),
+            _ => Err(StatusError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                all.join(" ")
+            ))),
+        },
     }
-    Ok(chosen)
 }
 
 pub async fn pod_log(state: &AppState, ns: &str, name: &str, query: &[(String, String)]) -> Result<Response> {

@@ -567,7 +567,9 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
     for sub in info.subresources {
         let suffix = capitalize(sub.name());
         let operations = match sub {
-            Subresource::Status => vec![read(&suffix), replace(&suffix), patch(&suffix)],
+            Subresource::Status | Subresource::EphemeralContainers => {
+                vec![read(&suffix), replace(&suffix), patch(&suffix)]
+            }
             Subresource::Binding => vec![
                 Operation::new("post", "post", id.of("create", &suffix), "Binding")
                     .query(WRITE)

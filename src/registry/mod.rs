@@ -453,7 +453,7 @@ impl Registry {
             match subresource {
                 Some(sub) if !sub.uses_update_strategy() => new = sub.updated(new, &old),
                 _ => {
-                    let admitted = r.admit_update(new, &old, status)?;
+                    let admitted = r.admit_update(new, &old, subresource)?;
                     warnings = Self::unknown_fields(&admitted, opts)?;
                     errs = admitted.errors;
                     new = admitted.object;

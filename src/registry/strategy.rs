@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use super::error::{GroupResource, Result, StatusError};
 use super::patch::MergeKey;
 use super::subresource::Subresource;
-use super::validation::{self, ErrorList};
+use super::validation::{self, ErrorList, FieldError};
 
 /// Static facts about one served resource, used for routing, discovery and OpenAPI.
 #[derive(Debug, Clone, Copy)]
@@ -163,6 +163,12 @@ pub trait Kind: Send + Sync + 'static {
     fn validate_status_update(&self, _new: &Self::Obj, _old: &Self::Obj) -> ErrorList {
         Vec::new()
     }
+    /// An update through another subresource the kind judges itself (its [`ResourceInfo`] lists
+    /// it and [`Subresource::uses_update_strategy`] says so): resets what it may not change.
+    fn prepare_subresource_update(&self, _sub: Subresource, _new: &mut Self::Obj, _old: &Self::Obj) {}
+    fn validate_subresource_update(&self, sub: Subresource, _new: &Self::Obj, _old: &Self::Obj) -> ErrorList {
+        vec![FieldError::forbidden("", format!("updates through {} are not served", sub.name()))]
+    }
     /// The value of a field-selector field of [`Kind::FIELDS`], read from the object's JSON (no typed
     /// decode: selectors run over every object of a list or watch). By default the field is the JSON
     /// path of the same name.
@@ -212,8 +218,9 @@ pub trait Strategy: Send + Sync {
     fn mark_deleting(&self, obj: &mut Value) -> Result<()>;
     /// Decodes an object to be created, defaults and validates it, in one typed pass.
     fn admit_create(&self, obj: Value) -> Result<Admitted>;
-    /// The same for an update (of the status only, if `status`), against the stored object.
-    fn admit_update(&self, new: Value, old: &Value, status: bool) -> Result<Admitted>;
+    /// The same for an update, against the stored object: of the main resource, or through a
+    /// subresource whose rules the kind has (status, ephemeral containers).
+    fn admit_update(&self, new: Value, old: &Value, sub: Option<Subresource>) -> Result<Admitted>;
     fn field(&self, obj: &Value, field: &str) -> Option<String>;
     fn columns(&self) -> Vec<Column>;
     /// The table row of one object given as JSON bytes: its cells and its metadata.
@@ -308,15 +315,22 @@ impl<K: Kind> Strategy for Typed<K> {
         Self::admitted(&obj, &t, errors)
     }
 
-    fn admit_update(&self, new: Value, old: &Value, status: bool) -> Result<Admitted> {
+    fn admit_update(&self, new: Value, old: &Value, sub: Option<Subresource>) -> Result<Admitted> {
         let mut t = self.typed(&new)?;
         let o = self.typed(old)?;
-        let errors = if status {
-            self.0.prepare_status_update(&mut t, &o);
-            self.0.validate_status_update(&t, &o)
-        } else {
-            self.0.prepare_update(&mut t, &o);
-            self.0.validate_update(&t, &o)
+        let errors = match sub {
+            None => {
+                self.0.prepare_update(&mut t, &o);
+                self.0.validate_update(&t, &o)
+            }
+            Some(Subresource::Status) => {
+                self.0.prepare_status_update(&mut t, &o);
+                self.0.validate_status_update(&t, &o)
+            }
+            Some(sub) => {
+                self.0.prepare_subresource_update(sub, &mut t, &o);
+                self.0.validate_subresource_update(sub, &t, &o)
+            }
         };
         Self::admitted(&new, &t, errors)
     }

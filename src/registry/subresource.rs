@@ -22,10 +22,13 @@ pub enum Subresource {
     Exec,
     Attach,
     PortForward,
+    /// `ephemeralcontainers`: read, replace and patch of a pod where only
+    /// `spec.ephemeralContainers` changes (upstream's `EphemeralContainersREST`).
+    EphemeralContainers,
 }
 
 impl Subresource {
-    const ALL: [Subresource; 7] = [
+    const ALL: [Subresource; 8] = [
         Subresource::Status,
         Subresource::Binding,
         Subresource::Finalize,
@@ -33,6 +36,7 @@ impl Subresource {
         Subresource::Exec,
         Subresource::Attach,
         Subresource::PortForward,
+        Subresource::EphemeralContainers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +48,7 @@ impl Subresource {
             Subresource::Exec => "exec",
             Subresource::Attach => "attach",
             Subresource::PortForward => "portforward",
+            Subresource::EphemeralContainers => "ephemeralcontainers",
         }
     }
 
@@ -54,7 +59,7 @@ impl Subresource {
     /// The verbs discovery lists for it.
     pub fn verbs(self) -> &'static [&'static str] {
         match self {
-            Subresource::Status => &["get", "patch", "update"],
+            Subresource::Status | Subresource::EphemeralContainers => &["get", "patch", "update"],
             Subresource::Binding => &["create"],
             Subresource::Finalize => &["update"],
             Subresource::Log => &["get"],
@@ -70,14 +75,17 @@ impl Subresource {
             Subresource::Exec => ("", "v1", "PodExecOptions"),
             Subresource::Attach => ("", "v1", "PodAttachOptions"),
             Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
-            Subresource::Status | Subresource::Finalize => (info.group, info.version, info.kind),
+            Subresource::Status | Subresource::Finalize | Subresource::EphemeralContainers => {
+                (info.group, info.version, info.kind)
+            }
         }
     }
 
-    /// Whether the kind's update strategy judges an update through it (`status` as a status-only
-    /// update); otherwise [`Self::updated`] alone decides what changes.
+    /// Whether the kind's strategy judges an update through it (`status` as a status-only update,
+    /// `ephemeralcontainers` by the kind's own rule); otherwise [`Self::updated`] alone decides what
+    /// changes.
     pub fn uses_update_strategy(self) -> bool {
-        matches!(self, Subresource::Status)
+        matches!(self, Subresource::Status | Subresource::EphemeralContainers)
     }
 
     /// The object an update through a subresource that does not use the update strategy writes:
@@ -101,7 +109,8 @@ impl Subresource {
             | Subresource::Log
             | Subresource::Exec
             | Subresource::Attach
-            | Subresource::PortForward => new,
+            | Subresource::PortForward
+            | Subresource::EphemeralContainers => new,
         }
     }
 }

@@ -282,3 +282,38 @@ async fn a_restarted_agent_adopts_the_running_containers() {
     assert!(h.ctx.take_unhealthy(&id).is_none());
     h.stop().await;
 }
+
+#[tokio::test]
+async fn an_ephemeral_container_joins_its_target_and_is_never_restarted() {
+    let h = start(Arc::new(FakeRuntime::with_images(&[IMAGE])), pod(app()));
+    h.status_until("the pod running", running).await;
+    let app_id = h.runtime.newest("app").unwrap().id;
+    let mut debugged = Pod::clone(h.tx.borrow().pod());
+    let debugger =
+        json!({"name": "debugger", "image": IMAGE, "targetContainerName": "app", "stdin": true, "tty": true});
+    debugged.spec.as_mut().unwrap().ephemeral_containers = Some(vec![serde_json::from_value(debugger).unwrap()]);
+    h.tx.send(Update::Pod(Arc::new(debugged))).unwrap();
+    let ephemeral = |s: &Value| s["ephemeralContainerStatuses"][0].clone();
+    let status = h.status_until("the debugger running", |s| ephemeral(s)["state"]["running"].is_object()).await;
+    assert!(
+        h.runtime.calls().contains(&format!("CreateContainer debugger pid-of={app_id}")),
+        "{:?}",
+        h.runtime.calls()
+    );
+    assert_eq!(
+        (ephemeral(&status)["name"].as_str(), ephemeral(&status)["ready"].as_bool()),
+        (Some("debugger"), Some(false))
+    );
+    let ready = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap();
+    assert_eq!(ready["status"], "True", "an ephemeral container does not count for readiness");
+    // It ends: it stays ended, and the app container is left alone.
+    h.runtime.exit("debugger", 0);
+    h.changed();
+    h.status_until("the debugger terminated", |s| ephemeral(s)["state"]["terminated"].is_object()).await;
+    h.changed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.runtime.count("CreateContainer debugger"), 1, "an ephemeral container was restarted");
+    assert_eq!(h.runtime.count("CreateContainer app"), 1);
+    assert!(running(&h.api.status().unwrap()));
+    h.stop().await;
+}

@@ -64,6 +64,7 @@ impl Kind for Pods {
             Subresource::Exec,
             Subresource::Attach,
             Subresource::PortForward,
+            Subresource::EphemeralContainers,
         ],
         storage: "pods",
         return_deleted_object: true,
@@ -107,6 +108,23 @@ impl Kind for Pods {
 
     fn prepare_status_update(&self, new: &mut Pod, old: &Pod) {
         new.spec = old.spec.clone();
+    }
+
+    /// `ephemeralcontainers`: the stored pod with the new ephemeral containers (upstream's
+    /// `dropNonEphemeralContainerUpdates`), defaulted.
+    fn prepare_subresource_update(&self, _sub: Subresource, new: &mut Pod, old: &Pod) {
+        let ephemeral = new.spec.as_mut().and_then(|s| s.ephemeral_containers.take());
+        let mut kept = old.clone();
+        kept.metadata.resource_version = new.metadata.resource_version.take();
+        if let Some(spec) = kept.spec.as_mut() {
+            spec.ephemeral_containers = ephemeral;
+            pod_rules::default_pod_spec(spec);
+        }
+        *new = kept;
+    }
+
+    fn validate_subresource_update(&self, _sub: Subresource, new: &Pod, old: &Pod) -> ErrorList {
+        pod_rules::validate_ephemeral_containers_update(new, old)
     }
 
     fn field(&self, pod: &Value, field: &str) -> Option<String> {

@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{
     Affinity, AppArmorProfile, Container, ContainerPort, ContainerResizePolicy, DownwardAPIVolumeFile, EnvFromSource,
-    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, NodeAffinity, NodeSelectorTerm,
-    ObjectFieldSelector, Pod, PodAffinityTerm, PodCondition, PodSecurityContext, PodSpec, PodStatus, Probe,
-    ProjectedVolumeSource, ResourceFieldSelector, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
-    TopologySpreadConstraint, Volume,
+    EnvVar, EnvVarSource, EphemeralContainer, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, NodeAffinity,
+    NodeSelectorTerm, ObjectFieldSelector, Pod, PodAffinityTerm, PodCondition, PodSecurityContext, PodSpec, PodStatus,
+    Probe, ProjectedVolumeSource, ResourceFieldSelector, ResourceRequirements, SeccompProfile, SecurityContext,
+    Toleration, TopologySpreadConstraint, Volume,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -161,9 +161,10 @@ use qos::*;
 pub use qos::{QosClass, qos_class};
 use quantity::*;
 pub use quantity::{canonical_quantity, parse_quantity};
+pub use validate_containers::ephemeral_as_container;
 use validate_containers::*;
 use validate_pod::*;
-pub use validate_pod::{validate_pod, validate_pod_update};
+pub use validate_pod::{validate_ephemeral_containers_update, validate_pod, validate_pod_update};
 use validate_probes::*;
 use validate_resources::*;
 use validate_scheduling::*;

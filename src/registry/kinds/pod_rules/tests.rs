@@ -729,3 +729,43 @@ fn update_validates_the_new_pod() {
     let expected = "spec.containers[0].image: Invalid value: \"nginx \": must not have leading or trailing whitespace";
     assert_eq!(errs, [expected; 2]);
 }
+
+#[test]
+fn ephemeral_containers_are_added_but_never_changed_or_removed() {
+    let old = running();
+    let debugged = |ec: Value| {
+        let mut p = old.clone();
+        spec_mut(&mut p).ephemeral_containers = Some(vec![serde_json::from_value(ec).unwrap()]);
+        default_pod_spec(spec_mut(&mut p));
+        p
+    };
+    let debug = json!({"name": "debug", "image": "busybox", "targetContainerName": "app"});
+    let added = debugged(debug.clone());
+    assert_eq!(messages(&validate_ephemeral_containers_update(&added, &old)), Vec::<String>::new());
+    let changed = debugged(json!({"name": "debug", "image": "busybox:2", "targetContainerName": "app"}));
+    let errs = messages(&validate_ephemeral_containers_update(&changed, &added));
+    assert!(
+        errs.iter().any(|e| e.starts_with(
+            "spec.ephemeralContainers[debug]: Forbidden: existing ephemeral containers \"debug\" may not be changed"
+        )),
+        "{errs:?}"
+    );
+    let errs = messages(&validate_ephemeral_containers_update(&old, &added));
+    assert!(
+        errs.iter().any(|e| e.starts_with(
+            "spec.ephemeralContainers: Forbidden: existing ephemeral containers \"debug\" may not be removed"
+        )),
+        "{errs:?}"
+    );
+    let busy = debugged(json!({"name": "debug", "image": "busybox", "ports": [{"containerPort": 80}],
+        "readinessProbe": {"exec": {"command": ["true"]}}, "volumeMounts": [{"name": "v", "mountPath": "/v", "subPath": "x"}]}));
+    let errs = messages(&validate_ephemeral_containers_update(&busy, &old));
+    for field in ["ports", "readinessProbe", "volumeMounts[0].subPath"] {
+        let expected =
+            format!("spec.ephemeralContainers[0].{field}: Forbidden: cannot be set for an Ephemeral Container");
+        assert!(errs.contains(&expected), "{expected}: {errs:?}");
+    }
+    let clash = debugged(json!({"name": "app", "image": "busybox"}));
+    let errs = messages(&validate_ephemeral_containers_update(&clash, &old));
+    assert!(errs.contains(&"spec.ephemeralContainers[0].name: Duplicate value: \"app\"".to_string()), "{errs:?}");
+}

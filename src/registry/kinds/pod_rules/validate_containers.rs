@@ -59,18 +59,18 @@ pub(super) fn validate_init_containers(spec: &PodSpec, ctx: &PodContext, out: &m
     }
 }
 
-/// Ephemeral containers share the container rules and need names unique across the pod.
+/// `validateEphemeralContainers`: the container rules, names unique across the pod, a target
+/// among the regular and init containers, and none of what the pod's services would rely on
+/// (ports, resources, probes, lifecycle, restart rules) nor subPaths.
 pub(super) fn validate_ephemeral_containers(spec: &PodSpec, ctx: &PodContext, out: &mut ErrorList) {
     let others: HashSet<&str> =
         spec.containers.iter().chain(slice(&spec.init_containers)).map(|c| c.name.as_str()).collect();
     let mut names = others.clone();
     for (i, ec) in slice(&spec.ephemeral_containers).iter().enumerate() {
         let path = index("spec.ephemeralContainers", i);
-        let as_container = serde_json::to_value(ec).and_then(serde_json::from_value::<Container>);
-        if let Ok(c) = as_container {
-            validate_container_common(&c, &path, ctx, out);
-            check_image_whitespace(opt(&c.image), &path, out);
-        }
+        let c = ephemeral_as_container(ec);
+        validate_container_common(&c, &path, ctx, out);
+        check_image_whitespace(opt(&c.image), &path, out);
         if !names.insert(ec.name.as_str()) {
             out.push(FieldError::duplicate(format!("{path}.name"), &ec.name));
         }
@@ -78,6 +78,63 @@ pub(super) fn validate_ephemeral_containers(spec: &PodSpec, ctx: &PodContext, ou
         if !target.is_empty() && !others.contains(target) {
             out.push(not_found(&format!("{path}.targetContainerName"), target, ""));
         }
+        let disallowed = [
+            ("ports", ec.ports.is_some()),
+            ("resources", ec.resources.as_ref().is_some_and(|r| !same(r, &ResourceRequirements::default()))),
+            ("resizePolicy", ec.resize_policy.is_some()),
+            ("restartPolicy", ec.restart_policy.is_some()),
+            ("restartPolicyRules", ec.restart_policy_rules.is_some()),
+            ("livenessProbe", ec.liveness_probe.is_some()),
+            ("readinessProbe", ec.readiness_probe.is_some()),
+            ("startupProbe", ec.startup_probe.is_some()),
+            ("lifecycle", ec.lifecycle.is_some()),
+        ];
+        for (field, _) in disallowed.into_iter().filter(|(_, set)| *set) {
+            out.push(FieldError::forbidden(format!("{path}.{field}"), "cannot be set for an Ephemeral Container"));
+        }
+        for (j, m) in slice(&ec.volume_mounts).iter().enumerate() {
+            for (field, value) in [("subPath", &m.sub_path), ("subPathExpr", &m.sub_path_expr)] {
+                if !opt(value).is_empty() {
+                    out.push(FieldError::forbidden(
+                        format!("{path}.volumeMounts[{j}].{field}"),
+                        "cannot be set for an Ephemeral Container",
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// An ephemeral container as the container it runs as (upstream converts
+/// `EphemeralContainerCommon` to `Container` the same way); `targetContainerName` has no place there.
+pub fn ephemeral_as_container(ec: &EphemeralContainer) -> Container {
+    let ec = ec.clone();
+    Container {
+        args: ec.args,
+        command: ec.command,
+        env: ec.env,
+        env_from: ec.env_from,
+        image: ec.image,
+        image_pull_policy: ec.image_pull_policy,
+        lifecycle: ec.lifecycle,
+        liveness_probe: ec.liveness_probe,
+        name: ec.name,
+        ports: ec.ports,
+        readiness_probe: ec.readiness_probe,
+        resize_policy: ec.resize_policy,
+        resources: ec.resources,
+        restart_policy: ec.restart_policy,
+        restart_policy_rules: ec.restart_policy_rules,
+        security_context: ec.security_context,
+        startup_probe: ec.startup_probe,
+        stdin: ec.stdin,
+        stdin_once: ec.stdin_once,
+        termination_message_path: ec.termination_message_path,
+        termination_message_policy: ec.termination_message_policy,
+        tty: ec.tty,
+        volume_devices: ec.volume_devices,
+        volume_mounts: ec.volume_mounts,
+        working_dir: ec.working_dir,
     }
 }
 

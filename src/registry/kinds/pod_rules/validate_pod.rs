@@ -108,6 +108,38 @@ pub fn validate_pod_update(new: &Pod, old: &Pod) -> ErrorList {
     out
 }
 
+/// `ValidatePodEphemeralContainersUpdate`: the new pod must be valid, and the ephemeral
+/// containers it had stay as they were (order aside: a patch does not keep it). The pods differ
+/// only in `spec.ephemeralContainers` (the strategy took everything else from the old one).
+pub fn validate_ephemeral_containers_update(new: &Pod, old: &Pod) -> ErrorList {
+    let mut out = validate_pod_common(new);
+    let annotations = old.metadata.annotations.as_ref();
+    if annotations.is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION)) {
+        return vec![FieldError::forbidden("", "static pods do not support ephemeral containers")];
+    }
+    let default = PodSpec::default();
+    let (new_spec, old_spec) = (new.spec.as_ref().unwrap_or(&default), old.spec.as_ref().unwrap_or(&default));
+    let path = "spec.ephemeralContainers";
+    for was in slice(&old_spec.ephemeral_containers) {
+        match slice(&new_spec.ephemeral_containers).iter().find(|c| c.name == was.name) {
+            None => out.push(FieldError::forbidden(
+                path,
+                format!("existing ephemeral containers {:?} may not be removed\n", was.name),
+            )),
+            Some(now) if !same(was, now) => {
+                let mut diff = Vec::new();
+                diff_values(&normalized(was), &normalized(now), &key(path, &was.name), &mut diff);
+                out.push(FieldError::forbidden(
+                    key(path, &was.name),
+                    format!("existing ephemeral containers {:?} may not be changed\n{}", was.name, diff.join("\n")),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    out
+}
+
 /// The new spec with every change the update rules allow reverted to the old value; reports
 /// the node selector and node affinity changes a gated pod may not make.
 pub(super) fn munge_updatable_fields(new: &PodSpec, old: &PodSpec, out: &mut ErrorList) -> PodSpec {
