@@ -1,4 +1,4 @@
-//! End to end: kubectl exec, cp and port-forward against the real cairn with its embedded
+//! End to end: kubectl exec, cp, port-forward, debug and top against the real cairn with its embedded
 //! containerd, over kubectl's default WebSocket protocols and with the SPDY fallback forced. One
 //! node serves every check (they use separate pods); the busybox image is built by the test.
 //!
@@ -315,6 +315,46 @@ fn check_debug(node: &Server) {
     assert!(err.contains(r#"spec.ephemeralContainers[1].targetContainerName: Not found: "nope""#), "{err}");
 }
 
+/// `kubectl top` without metrics-server: a busy pod shows its CPU within 30 s; the node endpoint
+/// serves the Summary API and `/metrics/resource` the figures come from.
+fn check_top(node: &Server) {
+    run_pod(node, "busy", "yes > /dev/null");
+    wait_ready(node, "busy");
+    let millicores = |out: &str| -> Option<u64> {
+        let cpu = out.split_whitespace().nth(1)?;
+        cpu.strip_suffix('m').unwrap_or(cpu).parse().ok()
+    };
+    let busy = eventually(30, || {
+        let out = kubectl_env(node, &[], &["top", "pod", "busy", "--no-headers"], None);
+        millicores(&text(&out.stdout)).filter(|m| *m >= 100)
+    });
+    assert!(busy <= 1100, "one busy thread uses at most a core: {busy}m");
+    let containers = node.ok(&["top", "pod", "busy", "--containers", "--no-headers"]);
+    assert!(containers.starts_with("busy ") && containers.contains(" main "), "{containers}");
+    let nodes = node.ok(&["top", "node", "--no-headers"]);
+    let fields: Vec<&str> = nodes.split_whitespace().collect();
+    assert!(fields.len() == 5 && fields[1].ends_with('m') && fields[3].ends_with("Mi"), "{nodes}");
+
+    let port: u16 = node
+        .ok(&["get", "nodes", "-o", "jsonpath={.items[0].status.daemonEndpoints.kubeletEndpoint.Port}"])
+        .parse()
+        .unwrap();
+    let caller = Some("client-kube-apiserver-kubelet");
+    let (code, body) = https_request(node, port, "GET", "/stats/summary", caller, &[]);
+    assert_eq!(code, 200, "{body}");
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(summary["node"]["memory"]["workingSetBytes"].as_u64().is_some_and(|b| b > 0), "{summary}");
+    let pod = summary["pods"].as_array().unwrap().iter().find(|p| p["podRef"]["name"] == "busy").expect("busy");
+    assert!(pod["cpu"]["usageNanoCores"].as_u64().is_some_and(|n| n >= 100_000_000), "{pod}");
+    let (code, body) = https_request(node, port, "GET", "/metrics/resource", caller, &[]);
+    assert_eq!(code, 200, "{body}");
+    let line = r#"container_cpu_usage_seconds_total{container="main",namespace="default",pod="busy"}"#;
+    assert!(body.lines().any(|l| l.starts_with(line)), "{body}");
+    let (code, _) = https_request(node, port, "GET", "/stats/summary", Some("client-admin"), &[]);
+    assert_eq!(code, 403, "only the API server may read the node's stats");
+    node.ok(&["delete", "pod", "busy", "--grace-period=0", "--force"]);
+}
+
 /// `-c` picks the container, the default-container annotation picks it without `-c`, and a
 /// container that is not running is refused with kubelet's text.
 fn check_containers(node: &Server) {
@@ -400,6 +440,7 @@ fn exec_cp_and_port_forward_like_a_kubelet() {
     check_cp(&node, &[]);
     check_port_forward(&node, &[]);
     check_port_forward(&node, &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")]);
+    check_top(&node);
     let long = long.join().unwrap();
     assert_eq!(text(&long.stdout), "survived\n", "a 65 s session: {}", text(&long.stderr));
 }

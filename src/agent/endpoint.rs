@@ -1,8 +1,8 @@
 //! The node's own endpoint (kubelet's server on `--port`, 10250): HTTPS with a certificate from the
 //! cluster CA, answering only the API server's client certificate. It serves `containerLogs` (the
-//! API's `pods/log` comes here, so logs are read where the files are) and the streaming sessions
+//! API's `pods/log` comes here, so logs are read where the files are), the streaming sessions
 //! `exec`, `attach` and `portForward`, which it asks CRI for and passes through to the runtime's
-//! streaming server, as kubelet does.
+//! streaming server, as kubelet does, and resource usage (`/stats/summary`, `/metrics/resource`).
 
 /// The endpoint's listener and TLS, made before the agent starts (the Node reports the port).
 pub struct Listener {
@@ -22,22 +22,46 @@ use futures::StreamExt as _;
 use super::logs::{self, LogOptions};
 use super::pods::Pods;
 use super::spec;
+use super::stats::{Stats, Summary};
 use super::status::keys;
 use crate::api::PeerCert;
 use crate::api::pki::KUBELET_CLIENT_USER;
 use crate::runtime::cri::{self, CriError};
 use crate::streaming::proxy;
 
-pub fn router(pods: Arc<Pods>) -> Router {
+pub fn router(pods: Arc<Pods>, stats: Arc<Stats>) -> Router {
+    let resource_usage = Router::new()
+        .route("/stats/summary", axum::routing::get(summary))
+        .route("/metrics/resource", axum::routing::get(resource_metrics))
+        .with_state(stats);
     Router::new()
         .route("/containerLogs/{namespace}/{pod}/{container}", axum::routing::get(container_logs))
         .route("/exec/{namespace}/{pod}/{container}", axum::routing::any(exec))
         .route("/attach/{namespace}/{pod}/{container}", axum::routing::any(attach))
         .route("/portForward/{namespace}/{pod}", axum::routing::any(port_forward))
+        .with_state(pods)
+        .merge(resource_usage)
         .fallback(|ext: Extensions| async move {
             refusal(&ext).unwrap_or_else(|| text(StatusCode::NOT_FOUND, "404 page not found".into()))
         })
-        .with_state(pods)
+}
+
+/// `GET /stats/summary`: the Summary API (the newest reading of [`Stats`]).
+async fn summary(State(stats): State<Arc<Stats>>, ext: Extensions) -> Response {
+    if let Some(refused) = refusal(&ext) {
+        return refused;
+    }
+    axum::Json(Summary::clone(&stats.summary())).into_response()
+}
+
+/// `GET /metrics/resource`: the same figures as Prometheus metrics.
+async fn resource_metrics(State(stats): State<Arc<Stats>>, ext: Extensions) -> Response {
+    if let Some(refused) = refusal(&ext) {
+        return refused;
+    }
+    let mut resp = super::stats::resource_metrics(&stats.summary()).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    resp
 }
 
 fn text(code: StatusCode, message: String) -> Response {

@@ -300,6 +300,10 @@ impl ContainerRuntime for FakeRuntime {
         Box::pin(async move { Ok(cri::PortForwardResponse { url }) })
     }
 
+    fn list_container_stats(&self, _: cri::ListContainerStatsRequest) -> Call<'_, cri::ListContainerStatsResponse> {
+        Box::pin(async { Ok(cri::ListContainerStatsResponse::default()) })
+    }
+
     fn image_status(&self, r: cri::ImageStatusRequest) -> Call<'_, cri::ImageStatusResponse> {
         let name = r.image.map(|i| i.image).unwrap_or_default();
         let image = self

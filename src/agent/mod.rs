@@ -18,6 +18,7 @@ pub mod pods;
 pub mod probes;
 pub mod runtime;
 pub mod spec;
+pub mod stats;
 pub mod status;
 pub mod worker;
 
@@ -144,9 +145,12 @@ pub fn start(
                 // Container IDs are reported as `<runtime>://<id>`.
                 let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
                 settings.runtime_name = runtime.split("://").next().filter(|n| !n.is_empty()).unwrap_or("containerd").to_string();
+                let node_name = settings.node_name.clone();
                 let pods = pods::start(client, cri, settings, runtime_health, stop.clone());
+                let stats = stats::Stats::new(pods.runtime().clone(), node_name);
+                tokio::spawn(stats.clone().run(stop.clone()));
                 if let Some(e) = endpoint {
-                    tokio::spawn(crate::api::serve(e.listener, e.tls, endpoint::router(pods), stop));
+                    tokio::spawn(crate::api::serve(e.listener, e.tls, endpoint::router(pods, stats), stop));
                 }
             }
             _ = stop.cancelled() => {}

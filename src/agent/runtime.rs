@@ -33,6 +33,8 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     fn exec(&self, r: cri::ExecRequest) -> Call<'_, cri::ExecResponse>;
     fn attach(&self, r: cri::AttachRequest) -> Call<'_, cri::AttachResponse>;
     fn port_forward(&self, r: cri::PortForwardRequest) -> Call<'_, cri::PortForwardResponse>;
+    /// CPU and memory of containers (the node's stats).
+    fn list_container_stats(&self, r: cri::ListContainerStatsRequest) -> Call<'_, cri::ListContainerStatsResponse>;
     fn image_status(&self, r: cri::ImageStatusRequest) -> Call<'_, cri::ImageStatusResponse>;
     fn pull_image(&self, r: cri::PullImageRequest) -> Call<'_, cri::PullImageResponse>;
 }
@@ -62,6 +64,7 @@ impl ContainerRuntime for Cri {
         exec(cri::ExecRequest) -> cri::ExecResponse;
         attach(cri::AttachRequest) -> cri::AttachResponse;
         port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse;
+        list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse;
         image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse;
         pull_image(cri::PullImageRequest) -> cri::PullImageResponse;
     }

@@ -4,6 +4,20 @@ use serde_json::{Value, json};
 
 use crate::registry::{Resource, ResourceInfo};
 
+/// A resource as discovery lists it: a stored kind of the registry, or one served another way
+/// (metrics.k8s.io), with the verbs it answers.
+#[derive(Clone, Copy)]
+pub struct Listed<'a> {
+    pub info: &'a ResourceInfo,
+    pub verbs: &'static [&'static str],
+}
+
+/// The registry's resources (every verb), then `served`.
+pub fn listed<'a>(resources: &'a [Resource], served: &'a [Listed<'a>]) -> Vec<Listed<'a>> {
+    let stored = resources.iter().map(|r| Listed { info: r.info(), verbs: VERBS });
+    stored.chain(served.iter().copied()).collect()
+}
+
 /// The Content-Type of an aggregated discovery answer.
 pub const AGGREGATED_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 const AGGREGATED_V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
@@ -27,10 +41,10 @@ pub fn wants_aggregated(accept: &str) -> Option<&'static str> {
 }
 
 /// Groups in discovery order: the core group first, then named groups in the order served.
-fn groups(resources: &[Resource]) -> Vec<(&'static str, &'static str)> {
+fn groups(resources: &[Listed<'_>]) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
     for r in resources {
-        let i = r.info();
+        let i = r.info;
         if !i.group.is_empty() && !out.contains(&(i.group, i.version)) {
             out.push((i.group, i.version));
         }
@@ -48,7 +62,7 @@ pub fn api_versions(server_address: &str) -> Value {
 }
 
 /// `/apis`: the named groups.
-pub fn api_group_list(resources: &[Resource]) -> Value {
+pub fn api_group_list(resources: &[Listed<'_>]) -> Value {
     let groups: Vec<Value> = groups(resources)
         .into_iter()
         .map(|(g, v)| {
@@ -60,22 +74,23 @@ pub fn api_group_list(resources: &[Resource]) -> Value {
 }
 
 /// `/apis/{group}`: one group.
-pub fn api_group(resources: &[Resource], group: &str) -> Option<Value> {
+pub fn api_group(resources: &[Listed<'_>], group: &str) -> Option<Value> {
     let (g, v) = groups(resources).into_iter().find(|(g, _)| *g == group)?;
     let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
     Some(json!({"kind": "APIGroup", "apiVersion": "v1", "name": g, "versions": [gv.clone()], "preferredVersion": gv}))
 }
 
 /// `/api/v1` or `/apis/{group}/{version}`: the resources of one group-version.
-pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Option<Value> {
+pub fn resource_list(resources: &[Listed<'_>], group: &str, version: &str) -> Option<Value> {
     let mut list = Vec::new();
-    for r in resources.iter().map(|r| r.info()).filter(|i| i.group == group && i.version == version) {
+    for listed in resources.iter().filter(|l| l.info.group == group && l.info.version == version) {
+        let r = listed.info;
         let mut entry = json!({
             "name": r.plural,
             "singularName": r.singular,
             "namespaced": r.namespaced,
             "kind": r.kind,
-            "verbs": VERBS,
+            "verbs": listed.verbs,
         });
         if !r.short_names.is_empty() {
             entry["shortNames"] = json!(r.short_names);
@@ -107,13 +122,14 @@ pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Opti
     Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
 }
 
-fn discovery_resource(r: &ResourceInfo) -> Value {
+fn discovery_resource(listed: &Listed<'_>) -> Value {
+    let r = listed.info;
     let mut e = json!({
         "resource": r.plural,
         "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
         "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
         "singularResource": r.singular,
-        "verbs": VERBS,
+        "verbs": listed.verbs,
     });
     if !r.short_names.is_empty() {
         e["shortNames"] = json!(r.short_names);
@@ -136,17 +152,13 @@ fn discovery_resource(r: &ResourceInfo) -> Value {
 }
 
 /// Aggregated discovery for `/api` (`core == true`) or `/apis`.
-pub fn aggregated(resources: &[Resource], core: bool, api_version: &str) -> Value {
+pub fn aggregated(resources: &[Listed<'_>], core: bool, api_version: &str) -> Value {
     let group_ids: Vec<(&str, &str)> = if core { vec![("", "v1")] } else { groups(resources) };
     let items: Vec<Value> = group_ids
         .into_iter()
         .map(|(g, v)| {
-            let res: Vec<Value> = resources
-                .iter()
-                .map(|r| r.info())
-                .filter(|i| i.group == g && i.version == v)
-                .map(discovery_resource)
-                .collect();
+            let res: Vec<Value> =
+                resources.iter().filter(|l| l.info.group == g && l.info.version == v).map(discovery_resource).collect();
             let mut meta = json!({"creationTimestamp": null});
             if !g.is_empty() {
                 meta["name"] = json!(g);
@@ -167,7 +179,7 @@ mod tests {
     #[test]
     fn core_resources_are_listed_with_subresources() {
         let all = kinds::all();
-        let list = resource_list(&all, "", "v1").unwrap();
+        let list = resource_list(&listed(&all, &[]), "", "v1").unwrap();
         let names: Vec<&str> =
             list["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
         for n in ["pods", "pods/status", "pods/binding", "nodes", "nodes/status", "namespaces/finalize", "events"] {
@@ -181,6 +193,7 @@ mod tests {
     #[test]
     fn groups_and_aggregated() {
         let all = kinds::all();
+        let all = listed(&all, &[]);
         let groups = api_group_list(&all);
         let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
         assert_eq!(names, vec!["coordination.k8s.io", "events.k8s.io"]);

@@ -7,6 +7,7 @@ mod codec;
 mod discovery;
 mod handlers;
 mod logs;
+mod metrics;
 pub mod node_client;
 pub mod openapi;
 pub mod pki;
@@ -93,6 +94,11 @@ struct OpenApiDocs {
 }
 
 impl AppState {
+    /// Every resource discovery lists: the registry's, and metrics.k8s.io's.
+    fn listed(&self) -> Vec<discovery::Listed<'_>> {
+        discovery::listed(self.registry.resources(), &metrics::LISTED)
+    }
+
     pub fn new(registry: Registry, tokens: Tokens, server_address: String) -> Self {
         Self {
             registry,
@@ -176,6 +182,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(openapi_v3_index))
         .route("/openapi/v3/{*path}", get(openapi_v3_doc))
+        .merge(metrics::routes())
         .fallback(handlers::dispatch)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
@@ -261,7 +268,7 @@ fn discovery_response(headers: &HeaderMap, state: &AppState, core: bool, legacy:
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
     match discovery::wants_aggregated(accept) {
         Some(ct) => {
-            let body = discovery::aggregated(state.registry.resources(), core, ct);
+            let body = discovery::aggregated(&state.listed(), core, ct);
             let mut resp = codec::json_value(StatusCode::OK, &body);
             if let Ok(v) = header::HeaderValue::from_str(ct) {
                 resp.headers_mut().insert(header::CONTENT_TYPE, v);
@@ -278,19 +285,19 @@ async fn api_root(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Res
 }
 
 async fn apis_root(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let legacy = discovery::api_group_list(state.registry.resources());
+    let legacy = discovery::api_group_list(&state.listed());
     discovery_response(&headers, &state, false, legacy)
 }
 
 async fn core_resources(State(state): State<Arc<AppState>>) -> Response {
-    match discovery::resource_list(state.registry.resources(), "", "v1") {
+    match discovery::resource_list(&state.listed(), "", "v1") {
         Some(v) => codec::json_value(StatusCode::OK, &v),
         None => StatusError::no_route().into_response(),
     }
 }
 
 async fn group_root(State(state): State<Arc<AppState>>, Path(group): Path<String>) -> Response {
-    match discovery::api_group(state.registry.resources(), &group) {
+    match discovery::api_group(&state.listed(), &group) {
         Some(v) => codec::json_value(StatusCode::OK, &v),
         None => StatusError::no_route().into_response(),
     }
@@ -300,7 +307,7 @@ async fn group_resources(
     State(state): State<Arc<AppState>>,
     Path((group, version)): Path<(String, String)>,
 ) -> Response {
-    match discovery::resource_list(state.registry.resources(), &group, &version) {
+    match discovery::resource_list(&state.listed(), &group, &version) {
         Some(v) => codec::json_value(StatusCode::OK, &v),
         None => StatusError::no_route().into_response(),
     }

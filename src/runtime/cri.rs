@@ -149,6 +149,7 @@ impl Cri {
         exec: runtime.exec(cri::ExecRequest) -> cri::ExecResponse, REQUEST_TIMEOUT;
         attach: runtime.attach(cri::AttachRequest) -> cri::AttachResponse, REQUEST_TIMEOUT;
         port_forward: runtime.port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse, REQUEST_TIMEOUT;
+        list_container_stats: runtime.list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse, REQUEST_TIMEOUT;
         list_images: images.list_images(cri::ListImagesRequest) -> cri::ListImagesResponse, REQUEST_TIMEOUT;
         image_status: images.image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse, REQUEST_TIMEOUT;
         pull_image: images.pull_image(cri::PullImageRequest) -> cri::PullImageResponse, PULL_TIMEOUT;
