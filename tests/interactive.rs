@@ -120,6 +120,24 @@ fn check_exec(node: &Server, env: &[(&str, &str)]) {
     let unknown = kubectl_env(node, env, &["exec", "shell", "--", "/no/such/command"], None);
     assert!(!unknown.status.success(), "{how}: an unknown command fails");
     assert!(text(&unknown.stderr).contains("no such file or directory"), "{how}: {}", text(&unknown.stderr));
+
+    // A client that goes away takes its command with it.
+    let seconds = if env.is_empty() { "1001" } else { "1002" };
+    let mut gone = Command::new(common::kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .args(["exec", "shell", "--", "sleep", seconds])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sleeping =
+        || node.ok(&["exec", "shell", "--", "ps", "-o", "args"]).lines().any(|l| l == format!("sleep {seconds}"));
+    eventually(20, || sleeping().then_some(()));
+    gone.kill().unwrap();
+    gone.wait().unwrap();
+    eventually(20, || (!sleeping()).then_some(()));
 }
 
 /// `kubectl cp` (tar over exec) of 5 MiB both ways.

@@ -14,13 +14,14 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::{Extensions, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
 use futures::StreamExt as _;
 
 use super::logs::{self, LogOptions};
 use super::pods::Pods;
+use super::sessions::ExecSessions;
 use super::spec;
 use super::stats::{Stats, Summary};
 use super::status::keys;
@@ -28,8 +29,9 @@ use crate::api::PeerCert;
 use crate::api::pki::KUBELET_CLIENT_USER;
 use crate::runtime::cri::{self, CriError};
 use crate::streaming::proxy;
+use tokio::task::JoinHandle;
 
-pub fn router(pods: Arc<Pods>, stats: Arc<Stats>) -> Router {
+pub fn router(pods: Arc<Pods>, stats: Arc<Stats>, sessions: Arc<ExecSessions>) -> Router {
     let resource_usage = Router::new()
         .route("/stats/summary", axum::routing::get(summary))
         .route("/metrics/resource", axum::routing::get(resource_metrics))
@@ -40,6 +42,7 @@ pub fn router(pods: Arc<Pods>, stats: Arc<Stats>) -> Router {
         .route("/attach/{namespace}/{pod}/{container}", axum::routing::any(attach))
         .route("/portForward/{namespace}/{pod}", axum::routing::any(port_forward))
         .with_state(pods)
+        .layer(Extension(sessions))
         .merge(resource_usage)
         .fallback(|ext: Extensions| async move {
             refusal(&ext).unwrap_or_else(|| text(StatusCode::NOT_FOUND, "404 page not found".into()))
@@ -172,9 +175,10 @@ fn runtime_error(e: &CriError) -> Response {
     text(code, e.to_string())
 }
 
-/// Passes `req` on to the session the runtime serves at `url` (`http://host:port/path`).
-async fn stream_to(url: &str, mut req: Request) -> Response {
-    let failed = |m: String| text(StatusCode::INTERNAL_SERVER_ERROR, m);
+/// Passes `req` on to the session the runtime serves at `url` (`http://host:port/path`); the
+/// session's task, once it is under way.
+async fn stream_to(url: &str, mut req: Request) -> (Response, Option<JoinHandle<()>>) {
+    let failed = |m: String| (text(StatusCode::INTERNAL_SERVER_ERROR, m), None);
     let Some((authority, path)) = url.strip_prefix("http://").and_then(|u| u.split_once('/')) else {
         return failed(format!("the runtime's streaming URL {url:?} is not an http:// URL"));
     };
@@ -198,20 +202,21 @@ async fn stream_to(url: &str, mut req: Request) -> Response {
 }
 
 /// A session with one running container.
-#[derive(Clone, Copy)]
 enum Session {
-    Exec,
+    /// With what watches exec sessions for processes their clients left behind.
+    Exec(Arc<ExecSessions>),
     Attach,
 }
 
 /// `/exec/{namespace}/{pod}/{container}`: CRI `Exec`, then its stream.
 async fn exec(
     State(pods): State<Arc<Pods>>,
+    Extension(sessions): Extension<Arc<ExecSessions>>,
     Path(at): Path<(String, String, String)>,
     Query(query): Query<Vec<(String, String)>>,
     req: Request,
 ) -> Response {
-    container_session(Session::Exec, &pods, at, &query, req).await
+    container_session(Session::Exec(sessions), &pods, at, &query, req).await
 }
 
 /// `/attach/{namespace}/{pod}/{container}`: CRI `Attach`, then its stream.
@@ -240,27 +245,36 @@ async fn container_session(
     let Some(id) = running_container(pods, &pod, &container).await else {
         // kubelet's texts (`GetExec`, `GetAttach`).
         let message = match kind {
-            Session::Exec => format!("container not found ({container:?})"),
+            Session::Exec(_) => format!("container not found ({container:?})"),
             Session::Attach => format!("container {container} not found in pod {name}_{namespace}"),
         };
         return text(StatusCode::INTERNAL_SERVER_ERROR, message);
     };
     let o = StreamOptions::from_query(query);
-    let url = match kind {
-        Session::Exec => {
-            let (cmd, tty, stdin, stdout, stderr) = (o.command, o.tty, o.stdin, o.stdout, o.stderr);
+    let (stdin, tty, stdout, stderr) = (o.stdin, o.tty, o.stdout, o.stderr);
+    match kind {
+        Session::Exec(sessions) => {
+            let starting = sessions.starting(&id).await;
+            let cmd = o.command.clone();
             let r = cri::ExecRequest { container_id: id, cmd, tty, stdin, stdout, stderr };
-            pods.runtime().exec(r).await.map(|r| r.url)
+            let url = match pods.runtime().exec(r).await {
+                Ok(r) => r.url,
+                Err(e) => return runtime_error(&e),
+            };
+            let (resp, session) = stream_to(&url, req).await;
+            if let (Some(session), Some(starting)) = (session, starting) {
+                let what = format!("pod {namespace}/{name} container {container}");
+                sessions.watch(starting, o.command, what, session);
+            }
+            resp
         }
         Session::Attach => {
-            let r =
-                cri::AttachRequest { container_id: id, stdin: o.stdin, tty: o.tty, stdout: o.stdout, stderr: o.stderr };
-            pods.runtime().attach(r).await.map(|r| r.url)
+            let r = cri::AttachRequest { container_id: id, stdin, tty, stdout, stderr };
+            match pods.runtime().attach(r).await {
+                Ok(r) => stream_to(&r.url, req).await.0,
+                Err(e) => runtime_error(&e),
+            }
         }
-    };
-    match url {
-        Ok(url) => stream_to(&url, req).await,
-        Err(e) => runtime_error(&e),
     }
 }
 
@@ -288,7 +302,7 @@ async fn port_forward(
     };
     let port = query.iter().filter(|(k, _)| k == "port").filter_map(|(_, v)| v.parse().ok()).collect();
     match pods.runtime().port_forward(cri::PortForwardRequest { pod_sandbox_id: sandbox.id, port }).await {
-        Ok(resp) => stream_to(&resp.url, req).await,
+        Ok(resp) => stream_to(&resp.url, req).await.0,
         Err(e) => runtime_error(&e),
     }
 }

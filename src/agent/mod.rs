@@ -17,6 +17,7 @@ pub mod objects;
 pub mod pods;
 pub mod probes;
 pub mod runtime;
+pub mod sessions;
 pub mod spec;
 pub mod stats;
 pub mod status;
@@ -146,11 +147,13 @@ pub fn start(
                 let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
                 settings.runtime_name = runtime.split("://").next().filter(|n| !n.is_empty()).unwrap_or("containerd").to_string();
                 let node_name = settings.node_name.clone();
+                let socket = std::path::PathBuf::from(cri.endpoint().trim_start_matches("unix://"));
+                let sessions = sessions::ExecSessions::new(crate::runtime::tasks::Tasks::new(&socket));
                 let pods = pods::start(client, cri, settings, runtime_health, stop.clone());
                 let stats = stats::Stats::new(pods.runtime().clone(), node_name);
                 tokio::spawn(stats.clone().run(stop.clone()));
                 if let Some(e) = endpoint {
-                    tokio::spawn(crate::api::serve(e.listener, e.tls, endpoint::router(pods, stats), stop));
+                    tokio::spawn(crate::api::serve(e.listener, e.tls, endpoint::router(pods, stats, sessions), stop));
                 }
             }
             _ = stop.cancelled() => {}

@@ -129,7 +129,7 @@ pub async fn connect(
             *upstream.method_mut() = req.method().clone();
             *upstream.headers_mut() = proxy::forwarded_headers(req.headers());
             let resp = proxy::send(io, &authority, upstream).await.map_err(unreachable)?;
-            Ok(proxy::join(on_client, resp))
+            Ok(proxy::join(on_client, resp).0)
         }
         Mode::Translate(_) | Mode::Tunnel => {
             let (protocol, version) = match mode {

@@ -7,6 +7,7 @@ pub mod cri;
 pub mod ctr;
 pub mod images;
 pub mod oci_image;
+pub mod tasks;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
+use tokio::task::JoinHandle;
 
 /// Request headers a streaming upgrade needs end to end; nothing else (credentials above all)
 /// is passed on.
@@ -63,26 +64,34 @@ where
 }
 
 /// The answer to a client whose upgrade request was passed on: the backend's 101 with its
-/// protocol headers, after which the two connections are joined until either side closes; any
-/// other answer is handed back as it came.
-pub fn join(client: OnUpgrade, mut backend: Response<Incoming>) -> Response<Body> {
+/// protocol headers, after which the two connections are joined until both directions are over
+/// (the task returned); any other answer is handed back as it came.
+pub fn join(client: OnUpgrade, mut backend: Response<Incoming>) -> (Response<Body>, Option<JoinHandle<()>>) {
     if backend.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return backend.map(Body::new);
+        return (backend.map(Body::new), None);
     }
     let mut resp = Response::new(Body::empty());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     *resp.headers_mut() = backend.headers().clone();
     let upstream = hyper::upgrade::on(&mut backend);
-    tokio::spawn(async move {
+    let session = tokio::spawn(async move {
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(pair) => pair,
             Err(e) => return tracing::debug!("streaming upgrade failed: {e}"),
         };
         let (client_rd, client_wr) = tokio::io::split(TokioIo::new(client));
         let (upstream_rd, upstream_wr) = tokio::io::split(TokioIo::new(upstream));
-        tokio::join!(pipe(client_rd, upstream_wr), pipe(upstream_rd, client_wr));
+        let (up, down) = (pipe(client_rd, upstream_wr), pipe(upstream_rd, client_wr));
+        tokio::pin!(up, down);
+        // Streaming clients never half-close: a client's end of stream means it is gone, and the
+        // backend's session (a command still running, say) is dropped with it. When the backend
+        // ends first, the client reads what is left and closes.
+        tokio::select! {
+            () = &mut up => {}
+            () = &mut down => up.await,
+        }
     });
-    resp
+    (resp, Some(session))
 }
 
 /// Copies one direction until its end (or an error), then closes the writer cleanly (a TLS
