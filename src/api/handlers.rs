@@ -79,6 +79,8 @@ struct Target {
     sub: Option<Subresource>,
     /// Legacy `/watch/` path prefix.
     watch: bool,
+    /// What follows `proxy/` in a node proxy path.
+    proxy_path: String,
 }
 
 /// Parsed query string.
@@ -166,7 +168,12 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
             state.registry.find("", "v1", "namespaces").is_some_and(|r| r.info().subresources.contains(&sub))
         })
     };
+    let mut proxy_path = String::new();
     let (resource, namespace, name, sub) = match rest {
+        ["nodes", name, "proxy", path @ ..] if group.is_empty() => {
+            proxy_path = path.join("/");
+            (find("nodes")?, None, Some(*name), Some("proxy"))
+        }
         [res] => (find(res)?, None, None, None),
         ["namespaces", ns, sub] if group.is_empty() && ns_has_sub(sub) => {
             (find("namespaces")?, None, Some(*ns), Some(*sub))
@@ -191,7 +198,8 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
             Some(Subresource::parse(s).filter(|s| info.subresources.contains(s)).ok_or_else(StatusError::no_route)?)
         }
     };
-    Ok(Target { resource, namespace: namespace.map(str::to_string), name: name.map(str::to_string), sub, watch })
+    let (namespace, name) = (namespace.map(str::to_string), name.map(str::to_string));
+    Ok(Target { resource, namespace, name, sub, watch, proxy_path })
 }
 
 /// Entry point for every resource path.
@@ -213,6 +221,9 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         }
         let ns = target.namespace.as_deref().unwrap_or_default();
         return super::streams::connect(state, ns, name, sub, &query.0, req).await;
+    }
+    if let (Some(name), Some(Subresource::Proxy)) = (target.name.as_deref(), target.sub) {
+        return super::node_proxy::node_proxy(state, name, &target.proxy_path, req).await;
     }
     let (parts, body) = req.into_parts();
     let (method, headers) = (parts.method, parts.headers);

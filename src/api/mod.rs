@@ -9,6 +9,7 @@ mod handlers;
 mod logs;
 mod metrics;
 pub mod node_client;
+mod node_proxy;
 pub mod openapi;
 pub mod pki;
 pub mod protobuf;

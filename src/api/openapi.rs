@@ -578,7 +578,11 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
             ],
             Subresource::Finalize => vec![replace(&suffix)],
             // Plain text and protocol upgrades: not described here.
-            Subresource::Log | Subresource::Exec | Subresource::Attach | Subresource::PortForward => continue,
+            Subresource::Log
+            | Subresource::Exec
+            | Subresource::Attach
+            | Subresource::PortForward
+            | Subresource::Proxy => continue,
         };
         add(format!("{scope}{}/{{name}}/{}", info.plural, sub.name()), object, operations);
     }

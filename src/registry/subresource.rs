@@ -25,10 +25,12 @@ pub enum Subresource {
     /// `ephemeralcontainers`: read, replace and patch of a pod where only
     /// `spec.ephemeralContainers` changes (upstream's `EphemeralContainersREST`).
     EphemeralContainers,
+    /// `proxy`: a request passed on to a node's endpoint (`nodes/{name}/proxy/{path}`).
+    Proxy,
 }
 
 impl Subresource {
-    const ALL: [Subresource; 8] = [
+    const ALL: [Subresource; 9] = [
         Subresource::Status,
         Subresource::Binding,
         Subresource::Finalize,
@@ -37,6 +39,7 @@ impl Subresource {
         Subresource::Attach,
         Subresource::PortForward,
         Subresource::EphemeralContainers,
+        Subresource::Proxy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +52,7 @@ impl Subresource {
             Subresource::Attach => "attach",
             Subresource::PortForward => "portforward",
             Subresource::EphemeralContainers => "ephemeralcontainers",
+            Subresource::Proxy => "proxy",
         }
     }
 
@@ -63,6 +67,7 @@ impl Subresource {
             Subresource::Binding => &["create"],
             Subresource::Finalize => &["update"],
             Subresource::Log => &["get"],
+            Subresource::Proxy => &["create", "delete", "get", "patch", "update"],
             Subresource::Exec | Subresource::Attach | Subresource::PortForward => &["create", "get"],
         }
     }
@@ -72,6 +77,7 @@ impl Subresource {
         match self {
             Subresource::Binding => ("", "v1", "Binding"),
             Subresource::Log => ("", "v1", "Pod"),
+            Subresource::Proxy => ("", "v1", "NodeProxyOptions"),
             Subresource::Exec => ("", "v1", "PodExecOptions"),
             Subresource::Attach => ("", "v1", "PodAttachOptions"),
             Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
@@ -110,7 +116,8 @@ impl Subresource {
             | Subresource::Exec
             | Subresource::Attach
             | Subresource::PortForward
-            | Subresource::EphemeralContainers => new,
+            | Subresource::EphemeralContainers
+            | Subresource::Proxy => new,
         }
     }
 }

@@ -23,7 +23,7 @@ impl Kind for Nodes {
         namespaced: false,
         short_names: &["no"],
         categories: &[],
-        subresources: &[Subresource::Status],
+        subresources: &[Subresource::Status, Subresource::Proxy],
         storage: super::NODES_STORAGE,
         return_deleted_object: false,
     };
