@@ -370,6 +370,13 @@ fn check_top(node: &Server) {
     assert!(body.lines().any(|l| l.starts_with(line)), "{body}");
     let (code, _) = https_request(node, port, "GET", "/stats/summary", Some("client-admin"), &[]);
     assert_eq!(code, 403, "only the API server may read the node's stats");
+    // Through the API's node proxy, as users read them.
+    let name = node.ok(&["get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"]);
+    let raw = node.ok(&["get", "--raw", &format!("/api/v1/nodes/{name}/proxy/stats/summary")]);
+    let proxied: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(proxied["node"]["nodeName"], name.as_str(), "{raw}");
+    let raw = node.ok(&["get", "--raw", &format!("/api/v1/nodes/{name}/proxy/metrics/resource")]);
+    assert!(raw.contains("# TYPE node_cpu_usage_seconds_total counter"), "{raw}");
     node.ok(&["delete", "pod", "busy", "--grace-period=0", "--force"]);
 }
 

@@ -15,12 +15,13 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, Path, Query, Request, State};
-use axum::http::{Extensions, HeaderValue, StatusCode, header};
+use axum::http::{Extensions, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
 use futures::StreamExt as _;
 
 use super::logs::{self, LogOptions};
 use super::pods::Pods;
+use super::portforward;
 use super::sessions::ExecSessions;
 use super::spec;
 use super::stats::{Stats, Summary};
@@ -278,12 +279,12 @@ async fn container_session(
     }
 }
 
-/// `/portForward/{namespace}/{pod}`: CRI `PortForward` on the pod's ready sandbox, then its stream.
+/// `/portForward/{namespace}/{pod}`: served here over SPDY (see `portforward.rs`), into the network
+/// namespace of the pod's ready sandbox.
 async fn port_forward(
     State(pods): State<Arc<Pods>>,
     Path((namespace, name)): Path<(String, String)>,
-    Query(query): Query<Vec<(String, String)>>,
-    req: Request,
+    mut req: Request,
 ) -> Response {
     if let Some(refused) = refusal(req.extensions()) {
         return refused;
@@ -291,6 +292,16 @@ async fn port_forward(
     let Some(pod) = pods.find(&namespace, &name) else {
         return text(StatusCode::NOT_FOUND, "pod does not exist".into());
     };
+    let headers = req.headers();
+    let wants = |name: header::HeaderName, value: &str| {
+        headers.get_all(name).iter().any(|v| v.to_str().is_ok_and(|v| v.to_ascii_lowercase().contains(value)))
+    };
+    if !wants(header::UPGRADE, "spdy/3.1") || !wants(HeaderName::from_static("x-stream-protocol-version"), PROTOCOL) {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("port-forward needs an upgrade to SPDY/3.1 with protocol {PROTOCOL}"),
+        );
+    }
     let filter = cri::PodSandboxFilter {
         state: Some(cri::PodSandboxStateValue { state: cri::PodSandboxState::SandboxReady as i32 }),
         label_selector: spec::uid_selector(spec::uid(&pod)),
@@ -300,9 +311,45 @@ async fn port_forward(
     let Some(sandbox) = sandboxes.ok().and_then(|s| s.items.into_iter().next()) else {
         return text(StatusCode::INTERNAL_SERVER_ERROR, format!("pod not found (\"{name}_{namespace}\")"));
     };
-    let port = query.iter().filter(|(k, _)| k == "port").filter_map(|(_, v)| v.parse().ok()).collect();
-    match pods.runtime().port_forward(cri::PortForwardRequest { pod_sandbox_id: sandbox.id, port }).await {
-        Ok(resp) => stream_to(&resp.url, req).await.0,
-        Err(e) => runtime_error(&e),
+    let netns = match sandbox_netns(&pods, &sandbox.id).await {
+        Ok(path) => path,
+        Err(m) => return text(StatusCode::INTERNAL_SERVER_ERROR, m),
+    };
+    let target = portforward::Target { netns, sandbox_id: sandbox.id };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(io) => portforward::serve(hyper_util::rt::TokioIo::new(io), target).await,
+            Err(e) => tracing::debug!("port-forward upgrade failed: {e}"),
+        }
+    });
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("SPDY/3.1"));
+    h.insert(HeaderName::from_static("x-stream-protocol-version"), HeaderValue::from_static(PROTOCOL));
+    resp
+}
+
+/// The port-forward protocol kubectl speaks over SPDY.
+const PROTOCOL: &str = "portforward.k8s.io";
+
+/// The network namespace of a sandbox: containerd's runtime spec names it (the verbose status).
+async fn sandbox_netns(pods: &Pods, id: &str) -> Result<std::path::PathBuf, String> {
+    let status = pods
+        .runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true })
+        .await
+        .map_err(|e| e.to_string())?;
+    let info: serde_json::Value =
+        status.info.get("info").and_then(|i| serde_json::from_str(i).ok()).unwrap_or_default();
+    let namespaces = info["runtimeSpec"]["linux"]["namespaces"].as_array().cloned().unwrap_or_default();
+    if let Some(path) = namespaces.iter().find(|n| n["type"] == "network").and_then(|n| n["path"].as_str()) {
+        return Ok(path.into());
+    }
+    match info["pid"].as_u64() {
+        Some(pid) if pid > 0 => Ok(format!("/proc/{pid}/ns/net").into()),
+        _ => Err(format!("the runtime does not say where the network namespace of sandbox {id} is")),
     }
 }

@@ -294,12 +294,6 @@ impl ContainerRuntime for FakeRuntime {
         Box::pin(async move { Ok(cri::AttachResponse { url }) })
     }
 
-    fn port_forward(&self, r: cri::PortForwardRequest) -> Call<'_, cri::PortForwardResponse> {
-        self.log(format!("PortForward {}", r.pod_sandbox_id));
-        let url = format!("http://127.0.0.1:1/portforward/{}", r.pod_sandbox_id);
-        Box::pin(async move { Ok(cri::PortForwardResponse { url }) })
-    }
-
     fn list_container_stats(&self, _: cri::ListContainerStatsRequest) -> Call<'_, cri::ListContainerStatsResponse> {
         Box::pin(async { Ok(cri::ListContainerStatsResponse::default()) })
     }

@@ -15,6 +15,7 @@ pub mod logs;
 pub mod node;
 pub mod objects;
 pub mod pods;
+pub mod portforward;
 pub mod probes;
 pub mod runtime;
 pub mod sessions;

@@ -32,7 +32,6 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Streaming sessions (the node endpoint's exec, attach and port-forward): the runtime's URL.
     fn exec(&self, r: cri::ExecRequest) -> Call<'_, cri::ExecResponse>;
     fn attach(&self, r: cri::AttachRequest) -> Call<'_, cri::AttachResponse>;
-    fn port_forward(&self, r: cri::PortForwardRequest) -> Call<'_, cri::PortForwardResponse>;
     /// CPU and memory of containers (the node's stats).
     fn list_container_stats(&self, r: cri::ListContainerStatsRequest) -> Call<'_, cri::ListContainerStatsResponse>;
     fn image_status(&self, r: cri::ImageStatusRequest) -> Call<'_, cri::ImageStatusResponse>;
@@ -63,7 +62,6 @@ impl ContainerRuntime for Cri {
         exec_sync(cri::ExecSyncRequest) -> cri::ExecSyncResponse;
         exec(cri::ExecRequest) -> cri::ExecResponse;
         attach(cri::AttachRequest) -> cri::AttachResponse;
-        port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse;
         list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse;
         image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse;
         pull_image(cri::PullImageRequest) -> cri::PullImageResponse;

@@ -148,7 +148,6 @@ impl Cri {
         /// A streaming exec session: the URL on the runtime's streaming server that serves it.
         exec: runtime.exec(cri::ExecRequest) -> cri::ExecResponse, REQUEST_TIMEOUT;
         attach: runtime.attach(cri::AttachRequest) -> cri::AttachResponse, REQUEST_TIMEOUT;
-        port_forward: runtime.port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse, REQUEST_TIMEOUT;
         list_container_stats: runtime.list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse, REQUEST_TIMEOUT;
         list_images: images.list_images(cri::ListImagesRequest) -> cri::ListImagesResponse, REQUEST_TIMEOUT;
         image_status: images.image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse, REQUEST_TIMEOUT;
