@@ -18,19 +18,19 @@ use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::{Extensions, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
 use futures::StreamExt as _;
+use tokio::task::JoinHandle;
 
 use super::logs::{self, LogOptions};
 use super::pods::Pods;
 use super::portforward;
 use super::sessions::ExecSessions;
 use super::spec;
-use super::stats::{Stats, Summary};
+use super::stats::Stats;
 use super::status::keys;
 use crate::api::PeerCert;
 use crate::api::pki::KUBELET_CLIENT_USER;
 use crate::runtime::cri::{self, CriError};
 use crate::streaming::proxy;
-use tokio::task::JoinHandle;
 
 pub fn router(pods: Arc<Pods>, stats: Arc<Stats>, sessions: Arc<ExecSessions>) -> Router {
     let resource_usage = Router::new()
@@ -55,7 +55,10 @@ async fn summary(State(stats): State<Arc<Stats>>, ext: Extensions) -> Response {
     if let Some(refused) = refusal(&ext) {
         return refused;
     }
-    axum::Json(Summary::clone(&stats.summary())).into_response()
+    match serde_json::to_vec(&*stats.summary()) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the summary: {e}")),
+    }
 }
 
 /// `GET /metrics/resource`: the same figures as Prometheus metrics.

@@ -58,6 +58,8 @@ pub async fn serve<IO: AsyncRead + AsyncWrite + Send + 'static>(io: IO, target: 
     });
     let mut decoder = Decoder::default();
     let mut pairs: HashMap<String, Pair> = HashMap::new();
+    // Dropped with the session: a connection in the pod does not outlive its client.
+    let mut forwards = tokio::task::JoinSet::new();
     let mut to_pod: HashMap<u32, mpsc::Sender<Bytes>> = HashMap::new();
     loop {
         let frame = match decoder.read(&mut reader).await {
@@ -83,10 +85,12 @@ pub async fn serve<IO: AsyncRead + AsyncWrite + Send + 'static>(io: IO, target: 
                     }
                     _ => {}
                 }
+                // Finished forwards are reaped as new ones come.
+                while forwards.try_join_next().is_some() {}
                 if let Some(Pair { error: Some(error), data: Some(data), port }) = pairs.get(&id) {
                     let (tx, rx) = mpsc::channel(INCOMING);
                     to_pod.insert(*data, tx);
-                    tokio::spawn(forward(target.clone(), *port, *error, *data, rx, out.clone()));
+                    forwards.spawn(forward(target.clone(), *port, *error, *data, rx, out.clone()));
                     pairs.remove(&id);
                 }
             }
@@ -113,6 +117,7 @@ pub async fn serve<IO: AsyncRead + AsyncWrite + Send + 'static>(io: IO, target: 
             Frame::SynReply { .. } | Frame::Headers { .. } | Frame::Ignored => {}
         }
     }
+    forwards.abort_all();
     drop((to_pod, out));
     let _ = writing.await;
 }
@@ -200,4 +205,87 @@ async fn dial(target: &Target, port: u16) -> std::io::Result<TcpStream> {
     let stream = TcpStream::from_std(stream)?;
     let _ = stream.set_nodelay(true);
     Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(kind: &str, port: u16, request: u32) -> Headers {
+        [("streamtype", kind.to_string()), ("port", port.to_string()), ("requestid", request.to_string())]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    /// A client of one session: frames out, frames in (pings and replies included).
+    struct Client {
+        io: tokio::io::DuplexStream,
+        encoder: Encoder,
+        decoder: Decoder,
+    }
+
+    impl Client {
+        async fn send(&mut self, frame: Frame) {
+            let bytes = self.encoder.encode(&frame);
+            self.io.write_all(&bytes).await.unwrap();
+        }
+
+        async fn next(&mut self) -> Frame {
+            let read = self.decoder.read(&mut self.io);
+            tokio::time::timeout(std::time::Duration::from_secs(10), read).await.unwrap().unwrap().unwrap()
+        }
+
+        /// Opens a forwarded connection to `port` (error stream, then data stream, as kubectl does).
+        async fn open(&mut self, port: u16, request: u32) {
+            let (error, data) = (request * 4 + 1, request * 4 + 3);
+            self.send(Frame::SynStream { stream: error, fin: false, headers: headers("error", port, request) }).await;
+            self.send(Frame::SynStream { stream: data, fin: false, headers: headers("data", port, request) }).await;
+            for stream in [error, data] {
+                assert_eq!(self.next().await, Frame::SynReply { stream, fin: false, headers: vec![] });
+            }
+        }
+    }
+
+    // Root only: the dial enters a network namespace (this process's own).
+    #[tokio::test]
+    async fn forwards_a_connection_and_reports_a_refused_one() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return eprintln!("skipping forwards_a_connection_and_reports_a_refused_one: needs root (setns)");
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (io, server) = tokio::io::duplex(1 << 20);
+        let target = Target { netns: "/proc/self/ns/net".into(), sandbox_id: "sandbox-1".into() };
+        let session = tokio::spawn(serve(server, target));
+        let mut c = Client { io, encoder: Encoder::default(), decoder: Decoder::default() };
+
+        c.open(port, 0).await;
+        let (mut pod, _) = listener.accept().await.unwrap();
+        c.send(Frame::Data { stream: 3, fin: false, data: Bytes::from_static(b"ping") }).await;
+        let mut got = [0u8; 4];
+        pod.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
+        pod.write_all(b"pong").await.unwrap();
+        drop(pod);
+        assert_eq!(c.next().await, Frame::Data { stream: 3, fin: false, data: Bytes::from_static(b"pong") });
+        // The pod's close ends both streams at once.
+        assert_eq!(c.next().await, Frame::Data { stream: 3, fin: true, data: Bytes::new() });
+        assert_eq!(c.next().await, Frame::Data { stream: 1, fin: true, data: Bytes::new() });
+
+        c.open(closed, 1).await;
+        let Frame::Data { stream: 5, fin: true, data } = c.next().await else { panic!("no error on the error stream") };
+        let message = String::from_utf8_lossy(&data).into_owned();
+        assert!(message.starts_with(&format!("error forwarding port {closed} to pod sandbox-1, uid : ")), "{message}");
+        assert!(message.contains("connect: connection refused"), "{message}");
+        assert_eq!(c.next().await, Frame::Data { stream: 7, fin: true, data: Bytes::new() });
+
+        c.send(Frame::Ping(9)).await;
+        assert_eq!(c.next().await, Frame::Ping(9));
+        // The client goes: the session ends.
+        drop(c);
+        tokio::time::timeout(std::time::Duration::from_secs(10), session).await.unwrap().unwrap();
+    }
 }
