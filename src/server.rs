@@ -183,7 +183,16 @@ async fn start_control_plane(
             Err(_) => bail!("the container runtime's start-up task ended without an answer"),
         };
         tracing::info!("node {}: the container runtime and pod network are ready", cfg.node_name);
-        let endpoint = node_endpoint(&cfg, &pki).await;
+        let mut endpoint = node_endpoint(&cfg, &pki).await;
+        if let Some(e) = endpoint.as_mut() {
+            // The API calls this process's node endpoint in memory.
+            let state = state.clone();
+            e.local = Some(Box::new(move |router| {
+                if let Some(nodes) = state.node_client.get() {
+                    nodes.set_local_endpoint(router);
+                }
+            }));
+        }
         let kubelet_port = endpoint.as_ref().and_then(|e| e.listener.local_addr().ok()).map_or(0, |a| a.port());
         if let Some(nodes) = state.node_client.get() {
             nodes.set_local_node(&cfg.node_name);
@@ -235,7 +244,7 @@ async fn node_endpoint(cfg: &ServerConfig, pki: &pki::Pki) -> Option<agent::endp
         }
     };
     match tokio::net::TcpListener::bind(addr).await {
-        Ok(listener) => Some(agent::endpoint::Listener { listener, tls }),
+        Ok(listener) => Some(agent::endpoint::Listener { listener, tls, local: None }),
         Err(e) => {
             tracing::warn!("node endpoint: cannot listen on {addr}: {e}; pod logs are not served (see --kubelet-port)");
             None

@@ -8,6 +8,8 @@
 pub struct Listener {
     pub listener: tokio::net::TcpListener,
     pub tls: Arc<rustls::ServerConfig>,
+    /// Given the endpoint's router once it is built: the in-process API serves this node from it.
+    pub local: Option<Box<dyn FnOnce(Router) + Send>>,
 }
 
 use std::sync::Arc;

@@ -154,7 +154,11 @@ pub fn start(
                 let stats = stats::Stats::new(pods.runtime().clone(), node_name);
                 tokio::spawn(stats.clone().run(stop.clone()));
                 if let Some(e) = endpoint {
-                    tokio::spawn(crate::api::serve(e.listener, e.tls, endpoint::router(pods, stats, sessions), stop));
+                    let router = endpoint::router(pods, stats, sessions);
+                    if let Some(local) = e.local {
+                        local(router.clone());
+                    }
+                    tokio::spawn(crate::api::serve(e.listener, e.tls, router, stop));
                 }
             }
             _ = stop.cancelled() => {}

@@ -2,19 +2,27 @@
 //! `status.daemonEndpoints.kubeletEndpoint.Port`), as kube-apiserver makes them for `pods/log` and the streaming subresources:
 //! HTTPS verified against the cluster CA, with the API server's own client certificate. The node
 //! this process runs is reached on loopback; another by its address (k3s's preferred order:
-//! InternalIP, ExternalIP, Hostname).
+//! InternalIP, ExternalIP, Hostname). The node endpoint of this very process, once it hands its
+//! router over, is called in memory instead: the same requests, without a loopback TLS leg
+//! carrying every log, exec and port-forward byte twice through encryption.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tower::ServiceExt as _;
 
-use super::pki::Pki;
+use super::pki::{KUBELET_CLIENT_USER, Pki};
+use super::{PeerCert, User};
 use crate::registry::{Registry, StatusError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -25,12 +33,50 @@ pub struct NodeClient {
     pki: Arc<Pki>,
     /// The node whose agent runs in this process, when one does.
     local_node: OnceLock<String>,
+    /// That node's endpoint, served in memory.
+    local_endpoint: OnceLock<axum::Router>,
 }
+
+/// The in-memory connection's buffer per direction.
+const LOCAL_BUFFER: usize = 256 << 10;
 
 type Result<T> = std::result::Result<T, StatusError>;
 
-/// A connection to a node endpoint.
-pub type NodeStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+/// A connection to a node endpoint: TLS over TCP, or in memory to this process's own.
+pub enum NodeStream {
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+    Local(tokio::io::DuplexStream),
+}
+
+impl AsyncRead for NodeStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            NodeStream::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            NodeStream::Local(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for NodeStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            NodeStream::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            NodeStream::Local(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            NodeStream::Tls(s) => Pin::new(s).poll_flush(cx),
+            NodeStream::Local(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            NodeStream::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            NodeStream::Local(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
 
 /// A node's answer other than the one asked for, as a Status with its code and text.
 pub async fn error_of(resp: Response<Incoming>) -> StatusError {
@@ -42,7 +88,30 @@ pub async fn error_of(resp: Response<Incoming>) -> StatusError {
 
 impl NodeClient {
     pub fn new(pki: Arc<Pki>) -> Self {
-        Self { pki, local_node: OnceLock::new() }
+        Self { pki, local_node: OnceLock::new(), local_endpoint: OnceLock::new() }
+    }
+
+    /// This process's node endpoint, to be called in memory from now on.
+    pub fn set_local_endpoint(&self, router: axum::Router) {
+        let _ = self.local_endpoint.set(router);
+    }
+
+    /// An in-memory connection to this process's node endpoint, as the API server's identity.
+    fn open_local(&self, router: &axum::Router) -> NodeStream {
+        let (client, server) = tokio::io::duplex(LOCAL_BUFFER);
+        let (router, caller) =
+            (router.clone(), PeerCert(Some(User { name: KUBELET_CLIENT_USER.into(), groups: vec![] })));
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(caller.clone());
+                router.clone().oneshot(req.map(axum::body::Body::new))
+            });
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(server), service);
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!("in-memory node endpoint connection: {e}");
+            }
+        });
+        NodeStream::Local(client)
     }
 
     /// Marks `node` as the one this process runs (reached on loopback).
@@ -53,6 +122,9 @@ impl NodeClient {
     /// A TLS connection to `node`'s endpoint, and the authority to name in requests on it.
     pub async fn open(&self, registry: &Registry, node: &str) -> Result<(NodeStream, String)> {
         let (ip, port) = self.locate(registry, node)?;
+        if let Some(router) = self.local_endpoint.get().filter(|_| self.local_node.get().is_some_and(|l| l == node)) {
+            return Ok((self.open_local(router), format!("{ip}:{port}")));
+        }
         let unreachable = |e: String| {
             StatusError::service_unavailable(format!("the node endpoint of node {node} ({ip}:{port}): {e}"))
         };
@@ -66,7 +138,7 @@ impl NodeClient {
             .await
             .map_err(|_| unreachable("timed out connecting".into()))?
             .map_err(|e| unreachable(e.to_string()))?;
-        Ok((stream, format!("{ip}:{port}")))
+        Ok((NodeStream::Tls(Box::new(stream)), format!("{ip}:{port}")))
     }
 
     /// `GET path_and_query` on `node`'s endpoint. A 200 answer is returned to stream on; any other
