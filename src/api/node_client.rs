@@ -1,10 +1,10 @@
 //! Calls from the API server to node endpoints (the kubelet API every node serves on its
-//! `status.daemonEndpoints.kubeletEndpoint.Port`), as kube-apiserver makes them for `pods/log` and the streaming subresources:
-//! HTTPS verified against the cluster CA, with the API server's own client certificate. The node
-//! this process runs is reached on loopback; another by its address (k3s's preferred order:
-//! InternalIP, ExternalIP, Hostname). The node endpoint of this very process, once it hands its
-//! router over, is called in memory instead: the same requests, without a loopback TLS leg
-//! carrying every log, exec and port-forward byte twice through encryption.
+//! `status.daemonEndpoints.kubeletEndpoint.Port`), as kube-apiserver makes them for `pods/log`,
+//! the streaming subresources, node proxy and metrics: HTTPS verified against the cluster CA, with
+//! the API server's own client certificate, to the Node's address (k3s's preferred order:
+//! InternalIP, ExternalIP, Hostname). The node this process runs is called in memory once its
+//! endpoint hands its router over (a loopback TLS leg would encrypt every log, exec and
+//! port-forward byte twice more), and on loopback before.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
@@ -114,7 +114,7 @@ impl NodeClient {
         NodeStream::Local(client)
     }
 
-    /// Marks `node` as the one this process runs (reached on loopback).
+    /// Marks `node` as the one this process runs (reached on loopback until its router is set).
     pub fn set_local_node(&self, node: &str) {
         let _ = self.local_node.set(node.to_string());
     }
