@@ -615,9 +615,10 @@ impl Worker {
         };
         // An ephemeral container with a target joins that container's process namespace
         // (kubelet's `getTargetID`: the target's newest run).
-        let target = spec::ephemeral_containers(pod).into_iter().find(|(e, _)| e.name == c.name).and_then(|(_, t)| t);
+        let ephemeral = pod.spec.as_ref().and_then(|s| s.ephemeral_containers.as_deref()).unwrap_or_default();
+        let target = ephemeral.iter().find(|e| e.name == c.name).and_then(|e| e.target_container_name.clone());
         let config = config.and_then(|mut config| {
-            if let Some(target) = target {
+            if let Some(target) = target.filter(|t| !t.is_empty()) {
                 let run = rt.latest(&target).ok_or(format!("unable to find target container {target}"))?;
                 spec::join_pid_namespace(&mut config, &run.id);
             }

@@ -141,12 +141,18 @@ impl Query {
     }
 
     fn selectors(&self) -> Result<(LabelSelector, FieldSelector)> {
-        let labels = LabelSelector::parse(self.get("labelSelector").unwrap_or_default())
-            .map_err(|e| StatusError::bad_request(format!("unable to parse labelSelector: {e}")))?;
-        let fields = FieldSelector::parse(self.get("fieldSelector").unwrap_or_default())
-            .map_err(|e| StatusError::bad_request(format!("unable to parse fieldSelector: {e}")))?;
-        Ok((labels, fields))
+        selectors(&self.0)
     }
+}
+
+/// The `labelSelector` and `fieldSelector` of a query, with upstream's text for a bad one.
+pub(super) fn selectors(query: &[(String, String)]) -> Result<(LabelSelector, FieldSelector)> {
+    let get = |k: &str| query.iter().rev().find(|(n, _)| n == k).map_or("", |(_, v)| v.as_str());
+    let labels = LabelSelector::parse(get("labelSelector"))
+        .map_err(|e| StatusError::bad_request(format!("unable to parse labelSelector: {e}")))?;
+    let fields = FieldSelector::parse(get("fieldSelector"))
+        .map_err(|e| StatusError::bad_request(format!("unable to parse fieldSelector: {e}")))?;
+    Ok((labels, fields))
 }
 
 /// Resolves `/api/v1/...` and `/apis/{group}/{version}/...` to a resource.

@@ -25,19 +25,12 @@ pub(super) fn get_pod(state: &AppState, ns: &str, name: &str) -> Result<Pod> {
 /// default-container annotation itself and always names one.)
 pub(super) fn container_name(pod: &Pod, asked: Option<&str>) -> Result<String> {
     let name = spec::name(pod);
-    let spec = pod.spec.clone().unwrap_or_default();
-    let all: Vec<&str> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(&spec.containers)
-        .map(|c| c.name.as_str())
-        .chain(spec.ephemeral_containers.iter().flatten().map(|c| c.name.as_str()))
-        .collect();
+    let all: Vec<&str> = spec::container_names(pod).collect();
+    let apps = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
     match asked.filter(|a| !a.is_empty()) {
         Some(c) if all.contains(&c) => Ok(c.to_string()),
         Some(c) => Err(StatusError::bad_request(format!("container {c} is not valid for pod {name}"))),
-        None => match spec.containers.as_slice() {
+        None => match apps {
             [only] => Ok(only.name.clone()),
             [] => Err(StatusError::bad_request(format!("a container name must be specified for pod {name}"))),
             _ => Err(StatusError::bad_request(format!(

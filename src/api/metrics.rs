@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::codec;
 use super::discovery::Listed;
+use super::handlers::selectors;
 use crate::agent::stats::{self, PodStats, Summary};
 use crate::registry::selector::{FieldSelector, LabelSelector};
 use crate::registry::{GroupResource, ListOptions, ResourceInfo, StatusError};
@@ -62,16 +63,6 @@ pub fn routes() -> axum::Router<Arc<AppState>> {
         .route(&format!("{root}/pods"), any(all_pods))
         .route(&format!("{root}/namespaces/{{namespace}}/pods"), any(pods))
         .route(&format!("{root}/namespaces/{{namespace}}/pods/{{name}}"), any(pod))
-}
-
-/// The query's selectors (upstream's text for a bad one).
-fn selectors(query: &[(String, String)]) -> Result<(LabelSelector, FieldSelector)> {
-    let get = |k: &str| query.iter().find(|(n, _)| n == k).map_or("", |(_, v)| v.as_str());
-    let labels = LabelSelector::parse(get("labelSelector"))
-        .map_err(|e| StatusError::bad_request(format!("unable to parse labelSelector: {e}")))?;
-    let fields = FieldSelector::parse(get("fieldSelector"))
-        .map_err(|e| StatusError::bad_request(format!("unable to parse fieldSelector: {e}")))?;
-    Ok((labels, fields))
 }
 
 fn answer(method: &Method, result: impl FnOnce() -> Result<Value>) -> Response {

@@ -145,17 +145,27 @@ impl NodeClient {
     /// becomes a Status with the node's code and its text as the message (upstream's
     /// `GenericHttpResponseChecker`).
     pub async fn get(&self, registry: &Registry, node: &str, path_and_query: &str) -> Result<Response<Incoming>> {
-        let (stream, authority) = self.open(registry, node).await?;
         let req = Request::get(path_and_query)
             .body(http_body_util::Empty::new())
             .map_err(|e| StatusError::internal(e.to_string()))?;
-        let resp = crate::streaming::proxy::send(stream, &authority, req).await.map_err(|e| {
-            StatusError::service_unavailable(format!("the node endpoint of node {node} ({authority}): {e}"))
-        })?;
+        let resp = self.send(registry, node, req).await?;
         if resp.status() == StatusCode::OK {
             return Ok(resp);
         }
         Err(error_of(resp).await)
+    }
+
+    /// Sends `req` to `node`'s endpoint; its answer, whatever the status.
+    pub async fn send(
+        &self,
+        registry: &Registry,
+        node: &str,
+        req: Request<http_body_util::Empty<bytes::Bytes>>,
+    ) -> Result<Response<Incoming>> {
+        let (stream, authority) = self.open(registry, node).await?;
+        crate::streaming::proxy::send(stream, &authority, req).await.map_err(|e| {
+            StatusError::service_unavailable(format!("the node endpoint of node {node} ({authority}): {e}"))
+        })
     }
 
     /// The address and port of `node`'s endpoint.

@@ -19,7 +19,6 @@ pub async fn node_proxy(state: &AppState, node: &str, path: &str, req: Request) 
     }
     let client =
         state.node_client.get().ok_or_else(|| StatusError::service_unavailable("node endpoints are not set up yet"))?;
-    let (stream, authority) = client.open(&state.registry, node).await?;
     let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
     let mut upstream = http::Request::get(format!("/{path}{query}"))
         .body(http_body_util::Empty::new())
@@ -27,8 +26,6 @@ pub async fn node_proxy(state: &AppState, node: &str, path: &str, req: Request) 
     if let Some(accept) = req.headers().get(header::ACCEPT) {
         upstream.headers_mut().insert(header::ACCEPT, accept.clone());
     }
-    let resp = crate::streaming::proxy::send(stream, &authority, upstream).await.map_err(|e| {
-        StatusError::service_unavailable(format!("the node endpoint of node {node} ({authority}): {e}"))
-    })?;
+    let resp = client.send(&state.registry, node, upstream).await?;
     Ok(resp.map(Body::new))
 }
