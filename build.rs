@@ -3,6 +3,24 @@
 fn main() {
     protobuf_table::generate();
     pause::build();
+    grpc::generate();
+}
+
+/// gRPC bindings of the plugin APIs cairn serves and calls: CSI (`proto/csi.proto`) and kubelet's plugin
+/// registration (`proto/pluginregistration.proto`). protoc is the `protoc-bin-vendored` crate's, so the
+/// build needs no protobuf compiler installed; a system one serves where that crate has no binary.
+mod grpc {
+    pub fn generate() {
+        const PROTOS: &[&str] = &["proto/csi.proto", "proto/pluginregistration.proto"];
+        for p in PROTOS {
+            println!("cargo:rerun-if-changed={p}");
+        }
+        let mut config = prost_build::Config::new();
+        config.protoc_executable(protoc_bin_vendored::protoc_bin_path().unwrap_or_else(|_| "protoc".into()));
+        tonic_prost_build::configure()
+            .compile_with_config(config, PROTOS, &["proto"])
+            .unwrap_or_else(|e| panic!("generating the gRPC bindings of proto/: {e}"));
+    }
 }
 
 /// Compiles `embedded/pause.c` into a static `$OUT_DIR/pause`, the process of cairn's built-in sandbox
@@ -54,6 +72,7 @@ mod protobuf_table {
         "api::authentication::v1",
         "api::authorization::v1",
         "api::policy::v1",
+        "api::storage::v1",
     ];
     /// Kinds accepted under any apiVersion, as clients send them with the group version of the request.
     const ANY_VERSION_KINDS: &[&str] = &["apimachinery::pkg::apis::meta::v1::DeleteOptions"];

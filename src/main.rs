@@ -5,6 +5,7 @@ mod api;
 mod cgroups;
 mod client;
 mod controllers;
+mod csi;
 mod events;
 mod net;
 mod registry;
@@ -40,6 +41,31 @@ enum Command {
     Images(ImagesArgs),
     /// Benchmarks against a running node.
     Bench(BenchArgs),
+    /// Run cairn's hostpath CSI driver as a separate process, as an external driver runs
+    CsiHostpath(CsiHostpathArgs),
+}
+
+#[derive(Args, Debug)]
+struct CsiHostpathArgs {
+    /// The CSI socket to serve, e.g. unix:///var/lib/kubelet/plugins/hostpath.csi.cairn.io/csi.sock
+    #[arg(long)]
+    endpoint: String,
+    /// The driver's name (the provisioner of its StorageClasses)
+    #[arg(long, default_value = "hostpath.csi.cairn.io")]
+    driver_name: String,
+    /// The node's name: the driver's node ID and its volumes' topology [default: the hostname]
+    #[arg(long, env = "CAIRN_NODE_NAME")]
+    node_id: Option<String>,
+    /// Where volumes are made
+    #[arg(long)]
+    storage_path: PathBuf,
+    /// Register with the node through this plugins_registry directory (node-driver-registrar's job),
+    /// e.g. /var/lib/kubelet/plugins_registry
+    #[arg(long)]
+    registration_dir: Option<PathBuf>,
+    /// Log filter
+    #[arg(long, env = "CAIRN_LOG", default_value = "info")]
+    log: String,
 }
 
 #[derive(Args, Debug)]
@@ -207,6 +233,12 @@ struct ServerArgs {
     /// Upper bound of the store's page cache, in MiB
     #[arg(long, default_value_t = 16)]
     store_cache_mib: u64,
+    /// kubelet's root directory (its --root-dir): plugins_registry/, plugins/ [default: /var/lib/kubelet as root, <data-dir>/agent/kubelet otherwise]
+    #[arg(long)]
+    kubelet_root_dir: Option<PathBuf>,
+    /// Where the built-in local-path class makes its volumes [default: <data-dir>/storage]
+    #[arg(long)]
+    default_local_storage_path: Option<PathBuf>,
     /// Log filter, e.g. `info` or `cairn=debug`
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
@@ -340,6 +372,10 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     };
     let reserved =
         reserved("system-reserved", &args.system_reserved)?.plus(&reserved("kube-reserved", &args.kube_reserved)?);
+    let kubelet_root_dir = args.kubelet_root_dir.clone().unwrap_or_else(|| {
+        if is_root() { PathBuf::from("/var/lib/kubelet") } else { data_dir.join("agent").join("kubelet") }
+    });
+    let local_storage_path = args.default_local_storage_path.clone().unwrap_or_else(|| data_dir.join("storage"));
     Ok(server::ServerConfig {
         runtime,
         reserved,
@@ -353,6 +389,8 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         write_kubeconfig_mode: server::parse_mode(&args.write_kubeconfig_mode)?,
         tls_san: args.tls_san.clone(),
         token,
+        kubelet_root_dir,
+        local_storage_path,
         node_name,
         store_cache_mib: args.store_cache_mib,
     })
@@ -394,6 +432,7 @@ fn main() -> std::process::ExitCode {
         Command::Ctr(args) => run_ctr(args),
         Command::Images(args) => run_images(args),
         Command::Bench(args) => run_bench(args),
+        Command::CsiHostpath(args) => run_csi_hostpath(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -402,6 +441,37 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn run_csi_hostpath(args: CsiHostpathArgs) -> Result<()> {
+    init_logging(&args.log);
+    let socket = csi::endpoint_path(&args.endpoint)?;
+    let node_id = args
+        .node_id
+        .or_else(|| hostname::get().ok().and_then(|h| h.into_string().ok()))
+        .context("--node-id is needed: the hostname is not readable")?
+        .to_lowercase();
+    let driver = csi::hostpath::HostPath { name: args.driver_name.clone(), node_id, root: args.storage_path };
+    let registration = args.registration_dir.map(|d| d.join(format!("{}-reg.sock", args.driver_name)));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        csi::hostpath::serve_with_registration(driver, socket.clone(), registration, shutdown.clone())?;
+        tracing::info!("CSI driver {} serving on {}", args.driver_name, socket.display());
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        shutdown.cancel();
+        // Let the servers remove their sockets.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        Ok(())
+    })
 }
 
 fn default_data_dir() -> PathBuf {

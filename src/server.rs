@@ -40,6 +40,10 @@ pub struct ServerConfig {
     pub token: Option<String>,
     pub node_name: String,
     pub store_cache_mib: u64,
+    /// `--kubelet-root-dir`: plugin registration and CSI staging.
+    pub kubelet_root_dir: PathBuf,
+    /// `--default-local-storage-path`: the built-in driver's volumes.
+    pub local_storage_path: PathBuf,
 }
 
 impl ServerConfig {
@@ -159,6 +163,9 @@ async fn start_control_plane(
 
     let registry = Registry::new(store);
     registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
+    registry::bootstrap::local_storage(&registry, &cfg.data_dir.join("server"))
+        .await
+        .context("creating the local-path StorageClass")?;
 
     let addr = SocketAddr::new(cfg.bind_address, cfg.https_listen_port);
     let listener = api::bind(addr).await?;
@@ -205,6 +212,11 @@ async fn start_control_plane(
             reserved: cfg.reserved.clone(),
             healthz_port: cfg.healthz_port,
             kubelet_port,
+            storage: crate::csi::NodeStorage {
+                kubelet_root_dir: cfg.kubelet_root_dir.clone(),
+                local_storage_path: cfg.local_storage_path.clone(),
+                agent_dir: cfg.data_dir.join("agent"),
+            },
         };
         let client = client::in_process(app.clone(), client::node(&cfg.node_name));
         agent::start(client, cri, agent, endpoint, shutdown.clone());

@@ -33,6 +33,8 @@ impl Cairn {
             .args(["--cluster-cidr", cluster_cidr])
             .arg("--data-dir")
             .arg(&data)
+            .arg("--kubelet-root-dir")
+            .arg(dir.path().join("kubelet"))
             .arg("--write-kubeconfig")
             .arg(&kubeconfig)
             .stdout(Stdio::null())

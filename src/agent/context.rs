@@ -90,6 +90,9 @@ pub struct Host {
     pub memory_capacity: u64,
     /// The runtime's name, the scheme of container IDs in the status (`containerd://<id>`).
     pub runtime_name: String,
+    /// The CSI drivers registered on this node, and kubelet's plugin directories.
+    pub csi_drivers: crate::csi::client::Drivers,
+    pub plugin_dirs: crate::csi::PluginDirs,
 }
 
 impl Host {
@@ -104,6 +107,26 @@ impl Host {
 
     fn pod_dir(&self, pod: &Pod) -> PathBuf {
         self.pods_dir.join(spec::uid(pod))
+    }
+
+    /// What publishing claims needs of the node.
+    fn claims_node(&self) -> volumes::claims::Node<'_> {
+        volumes::claims::Node {
+            name: &self.node_name,
+            drivers: &self.csi_drivers,
+            dirs: &self.plugin_dirs,
+            pods_dir: &self.pods_dir,
+        }
+    }
+
+    /// Removes a pod's directory: its CSI volumes unpublished first (a volume that cannot be is left
+    /// mounted, and the directory with it), then every other mount.
+    pub async fn remove_pod_dir(&self, dir: PathBuf) -> Result<(), VolumeError> {
+        volumes::claims::unpublish_all(&dir, &self.claims_node()).await?;
+        tokio::task::spawn_blocking(move || volumes::teardown(&dir)).await.map_err(|e| VolumeError::Io {
+            context: "removing a pod directory".into(),
+            source: std::io::Error::other(e),
+        })?
     }
 
     /// The Node's allocatable for the downward API's defaults.
@@ -197,7 +220,9 @@ impl Ctx {
         let objects = self.api.objects(pod, Wanted { volumes: true, containers: &[], pull_secrets: false }).await?;
         let dir = self.host.pod_dir(pod);
         std::fs::create_dir_all(&dir).map_err(|source| SetupError::Io { path: dir.clone(), source })?;
-        Ok(volumes::setup(pod, &dir, &objects, &self.host.node_resources())?)
+        let mut vols = volumes::setup(pod, &dir, &objects, &self.host.node_resources())?;
+        vols.0.extend(volumes::claims::publish(pod, &dir, &objects, &self.host.claims_node()).await?);
+        Ok(vols)
     }
 
     /// Environment, mounts and resources of one container.
@@ -289,10 +314,10 @@ impl Ctx {
     pub async fn release(&self, pod: &Pod) {
         let (dir, cg, name) = (self.host.pod_dir(pod), self.host.cgroups.clone(), spec::full_name(pod));
         let (uid, qos) = (spec::uid(pod).to_string(), cgroups::qos_class(pod));
+        if let Err(e) = self.host.remove_pod_dir(dir).await {
+            tracing::warn!("pod {name}: removing volumes: {e}");
+        }
         let released = tokio::task::spawn_blocking(move || {
-            if let Err(e) = volumes::teardown(&dir) {
-                tracing::warn!("pod {name}: removing volumes: {e}");
-            }
             if let Some(cg) = cg
                 && let Err(e) = cg.remove_pod(&uid, qos)
             {

@@ -60,6 +60,8 @@ pub struct Config {
     pub healthz_port: u16,
     /// Port of the node endpoint (kubelet's `--port`, 10250).
     pub kubelet_port: u16,
+    /// Where CSI plugins register and volumes are staged, and where the built-in driver keeps volumes.
+    pub storage: crate::csi::NodeStorage,
 }
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
@@ -119,6 +121,8 @@ pub fn start(
             None
         }
     };
+    let csi_drivers = crate::csi::client::Drivers::default();
+    let storage = cfg.storage.clone();
     let mut settings = pods::Settings {
         node_name: cfg.node_name.clone(),
         node_ip: cfg.node_ip.map(|ip| ip.to_string()),
@@ -126,6 +130,8 @@ pub fn start(
         runtime_name: String::new(),
         cgroups,
         memory_capacity: machine.memory_bytes,
+        csi_drivers: csi_drivers.clone(),
+        plugin_dirs: storage.plugin_dirs(),
     };
     let heartbeat = Heartbeat {
         nodes: Api::all(client.clone()),
@@ -148,6 +154,9 @@ pub fn start(
                 let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
                 settings.runtime_name = runtime.split("://").next().filter(|n| !n.is_empty()).unwrap_or("containerd").to_string();
                 let node_name = settings.node_name.clone();
+                // Volumes of running pods are published again at their first sync: the built-in
+                // driver registers first.
+                crate::csi::start_node(&client, &storage, &node_name, csi_drivers, &stop).await;
                 let socket = std::path::PathBuf::from(cri.endpoint().trim_start_matches("unix://"));
                 let sessions = sessions::ExecSessions::new(crate::runtime::tasks::Tasks::new(&socket));
                 let pods = pods::start(client, cri, settings, runtime_health, stop.clone());

@@ -4,7 +4,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::Api;
 
 use crate::volumes::Objects;
@@ -14,6 +15,9 @@ use crate::volumes::Objects;
 pub struct Fetched {
     config_maps: HashMap<String, ConfigMap>,
     secrets: HashMap<String, Secret>,
+    claims: HashMap<String, PersistentVolumeClaim>,
+    volumes: HashMap<String, PersistentVolume>,
+    csi_drivers: HashMap<String, CSIDriver>,
 }
 
 impl Objects for Fetched {
@@ -22,6 +26,15 @@ impl Objects for Fetched {
     }
     fn secret(&self, _ns: &str, name: &str) -> Option<Secret> {
         self.secrets.get(name).cloned()
+    }
+    fn claim(&self, name: &str) -> Option<PersistentVolumeClaim> {
+        self.claims.get(name).cloned()
+    }
+    fn volume(&self, name: &str) -> Option<PersistentVolume> {
+        self.volumes.get(name).cloned()
+    }
+    fn csi_driver(&self, name: &str) -> Option<CSIDriver> {
+        self.csi_drivers.get(name).cloned()
     }
 }
 
@@ -70,6 +83,9 @@ fn referenced(pod: &Pod, wanted: &Wanted) -> (BTreeSet<String>, BTreeSet<String>
 pub async fn fetch(client: &kube::Client, pod: &Pod, wanted: &Wanted<'_>) -> Result<Fetched, kube::Error> {
     let (cm_names, secret_names) = referenced(pod, wanted);
     let mut out = Fetched::default();
+    if wanted.volumes {
+        fetch_claims(client, pod, &mut out).await?;
+    }
     if cm_names.is_empty() && secret_names.is_empty() {
         return Ok(out);
     }
@@ -87,6 +103,34 @@ pub async fn fetch(client: &kube::Client, pod: &Pod, wanted: &Wanted<'_>) -> Res
         out.secrets.extend(s.map(|s| (name, s)));
     }
     Ok(out)
+}
+
+/// The claims the pod's volumes name, their bound volumes and those volumes' CSIDrivers.
+async fn fetch_claims(client: &kube::Client, pod: &Pod, out: &mut Fetched) -> Result<(), kube::Error> {
+    let names = crate::controllers::protection::claims_of(pod);
+    if names.is_empty() {
+        return Ok(());
+    }
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let found = futures::future::try_join_all(names.iter().map(|n| claims.get_opt(n))).await?;
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let drivers: Api<CSIDriver> = Api::all(client.clone());
+    for (name, claim) in names.into_iter().zip(found) {
+        let Some(claim) = claim else { continue };
+        if let Some(pv_name) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty())
+            && let Some(pv) = volumes.get_opt(&pv_name).await?
+        {
+            if let Some(driver) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.driver.clone())
+                && let Some(d) = drivers.get_opt(&driver).await?
+            {
+                out.csi_drivers.insert(driver, d);
+            }
+            out.volumes.insert(pv_name, pv);
+        }
+        out.claims.insert(name, claim);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

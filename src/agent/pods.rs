@@ -31,7 +31,6 @@ use crate::cgroups;
 use crate::events::EventType;
 use crate::runtime::cri::{self, Cri};
 use crate::scheduler::types::{NodeFacts, PodInfo};
-use crate::volumes;
 
 /// How often the runtime is relisted (kubelet's PLEG period).
 const RELIST_PERIOD: Duration = Duration::from_secs(1);
@@ -46,6 +45,8 @@ pub struct Settings {
     pub runtime_name: String,
     pub cgroups: Option<cgroups::Manager>,
     pub memory_capacity: u64,
+    pub csi_drivers: crate::csi::client::Drivers,
+    pub plugin_dirs: crate::csi::PluginDirs,
 }
 
 struct Handle {
@@ -112,6 +113,8 @@ pub fn start(
         cgroups: settings.cgroups,
         memory_capacity: settings.memory_capacity,
         runtime_name: settings.runtime_name,
+        csi_drivers: settings.csi_drivers,
+        plugin_dirs: settings.plugin_dirs,
     };
     let api = Arc::new(ClientApi::new(client.clone(), settings.node_name));
     let probes = ProbeManager::new(exec.clone(), probe_tx);
@@ -487,7 +490,7 @@ impl Pods {
             for dir in dirs.flatten() {
                 let uid = dir.file_name().to_string_lossy().to_string();
                 if !known.contains(&uid)
-                    && let Err(e) = volumes::teardown(&dir.path())
+                    && let Err(e) = self.ctx.host.remove_pod_dir(dir.path()).await
                 {
                     tracing::warn!("removing the directory of gone pod {uid}: {e}");
                 }

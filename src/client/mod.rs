@@ -67,6 +67,34 @@ where
     store
 }
 
+/// The same, with a signal of every change it applies (for waiting on a condition of the cache).
+pub fn notified_cache<K>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    shutdown: &CancellationToken,
+) -> (Store<K>, tokio::sync::watch::Receiver<u64>)
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    let follow = reflector::reflector(writer, watcher(api, config)).default_backoff().for_each(move |event| {
+        if event.is_ok() {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        std::future::ready(())
+    });
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = follow => {}
+            _ = shutdown.cancelled() => {}
+        }
+    });
+    (store, rx)
+}
+
 /// A store in a temporary folder with its registry, and an in-process client on it.
 #[cfg(test)]
 pub async fn for_tests() -> (tempfile::TempDir, crate::registry::Registry, kube::Client) {

@@ -1,5 +1,6 @@
 //! The control loops a single-node cluster needs from kube-controller-manager: namespace lifecycle,
-//! default service accounts, garbage collection by owner, and event expiry.
+//! default service accounts, garbage collection by owner, event expiry, and storage (the volume
+//! binder, in-use protection of claims and volumes, generic ephemeral volumes).
 //!
 //! Each is a [`runtime::Reconciler`] over typed objects, run by [`runtime::run`] on the in-process
 //! client (`crate::client`); none reaches into another. Event expiry is a periodic sweep instead (see
@@ -7,13 +8,18 @@
 //! triggers it (copy `serviceaccount.rs`), started in [`spawn_all`]. The garbage collector is a
 //! graph over every kind instead (upstream's is too), fed by kube-runtime watchers of metadata.
 
+mod ephemeral;
 mod event_ttl;
 mod gc;
 mod namespace;
+pub mod persistentvolume;
+pub mod protection;
 pub mod runtime;
 mod serviceaccount;
 
 use kube::Client;
+
+pub use ephemeral::is_for_pod as ephemeral_is_for_pod;
 use tokio_util::sync::CancellationToken;
 
 /// Starts every controller; they stop when `shutdown` fires.
@@ -26,6 +32,25 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     tokio::spawn(runtime::run(
         serviceaccount::controller(client),
         serviceaccount::ServiceAccounts { client: client.clone() },
+        shutdown.clone(),
+    ));
+    persistentvolume::spawn(client, shutdown);
+    tokio::spawn(runtime::run(
+        protection::claim_controller(client),
+        protection::ClaimProtection { client: client.clone() },
+        shutdown.clone(),
+    ));
+    tokio::spawn(runtime::run(
+        protection::volume_controller(client),
+        protection::VolumeProtection { client: client.clone() },
+        shutdown.clone(),
+    ));
+    tokio::spawn(runtime::run(
+        ephemeral::controller(client),
+        ephemeral::EphemeralVolumes {
+            client: client.clone(),
+            recorder: crate::events::Recorder::spawn(client.clone(), "ephemeral_volume".into(), String::new()),
+        },
         shutdown.clone(),
     ));
     tokio::spawn(event_ttl::run(client.clone(), event_ttl::EVENT_TTL, shutdown.clone()));

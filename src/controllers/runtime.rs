@@ -25,6 +25,9 @@ pub enum Error {
     Api(#[from] kube::Error),
     #[error("discovering the served resources: {0}")]
     Discovery(#[source] kube::Error),
+    /// Something besides the API failed (a CSI driver's call); the message says what.
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl Error {

@@ -5,6 +5,7 @@
 //! status subresources, graceful deletion with finalizers, selectors, pagination and watch
 //! filtering. What differs per kind is in `kinds/`.
 
+mod admission;
 pub mod bootstrap;
 pub mod error;
 pub mod kinds;
@@ -317,6 +318,7 @@ impl Registry {
                 _ => false,
             };
         reset_server_meta(meta, r.generation());
+        self.admit_create_with_others(r, &mut obj);
         let admitted = r.admit_create(obj)?;
         let warnings = Self::unknown_fields(&admitted, opts)?;
         let obj = admitted.object;
@@ -473,6 +475,9 @@ impl Registry {
             errs.extend(validate_meta_update(&new, &old));
             if !errs.is_empty() {
                 return Err(StatusError::invalid(info.kind, info.group, name, &errs));
+            }
+            if subresource.is_none() {
+                self.admit_update_with_others(r, &new, &old)?;
             }
             if new == old {
                 return Ok(Written { object: Self::present(r, &cur)?, warnings, created: false });

@@ -287,3 +287,109 @@ async fn a_uid_in_an_update_must_be_the_stored_one() {
     let ok = reg.patch(&cms, Some("default"), "u", &patch(&uid), PatchType::Merge, None, &opts).await.unwrap();
     assert_eq!(value(&ok.object)["metadata"]["labels"]["a"], "b");
 }
+
+fn claim_body(name: &str, class: Option<&str>) -> Value {
+    let mut v = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+    if let Some(c) = class {
+        v["spec"]["storageClassName"] = json!(c);
+    }
+    v
+}
+
+fn class_body(name: &str, default: bool, expand: bool) -> Value {
+    let annotations = if default { json!({"storageclass.kubernetes.io/is-default-class": "true"}) } else { json!({}) };
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": name, "annotations": annotations}, "provisioner": "example.com/x",
+        "allowVolumeExpansion": expand})
+}
+
+#[tokio::test]
+async fn storage_kinds_default_protect_and_validate_as_upstream() {
+    let (_d, reg) = registry().await;
+    let (pvs, pvcs, classes) = (
+        res(&reg, "", "persistentvolumes"),
+        res(&reg, "", "persistentvolumeclaims"),
+        res(&reg, "storage.k8s.io", "storageclasses"),
+    );
+    let opts = WriteOptions::default();
+
+    let w = reg.create(&classes, None, class_body("plain", false, false), &opts).await.unwrap();
+    let sc = value(&w.object);
+    assert_eq!((sc["reclaimPolicy"].as_str(), sc["volumeBindingMode"].as_str()), (Some("Delete"), Some("Immediate")));
+    let e = reg
+        .patch(&classes, None, "plain", br#"{"provisioner":"other.io/y"}"#, PatchType::Merge, None, &opts)
+        .await
+        .unwrap_err();
+    assert!(
+        e.message.contains("provisioner: Invalid value") && e.message.contains("field is immutable"),
+        "{}",
+        e.message
+    );
+
+    // No default class yet: the claim keeps no class; then the newest default is assigned.
+    let w = reg.create(&pvcs, Some("default"), claim_body("a", None), &opts).await.unwrap();
+    assert!(value(&w.object)["spec"].get("storageClassName").is_none());
+    reg.create(&classes, None, class_body("older", true, false), &opts).await.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    reg.create(&classes, None, class_body("newer", true, true), &opts).await.unwrap();
+    let w = reg.create(&pvcs, Some("default"), claim_body("b", None), &opts).await.unwrap();
+    let claim = value(&w.object);
+    assert_eq!(claim["spec"]["storageClassName"], "newer");
+    assert_eq!(claim["spec"]["volumeMode"], "Filesystem");
+    assert_eq!(claim["status"]["phase"], "Pending");
+    assert_eq!(claim["metadata"]["finalizers"], json!(["kubernetes.io/pvc-protection"]));
+    let explicit = reg.create(&pvcs, Some("default"), claim_body("c", Some("")), &opts).await.unwrap();
+    assert_eq!(value(&explicit.object)["spec"]["storageClassName"], "", "an explicit \"\" is a class");
+
+    // The spec is fixed; an unbound claim may not grow either.
+    let grow = br#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#;
+    let e = reg.patch(&pvcs, Some("default"), "b", grow, PatchType::Merge, None, &opts).await.unwrap_err();
+    assert!(
+        e.message.contains("spec: Forbidden: spec is immutable after creation except resources.requests"),
+        "{}",
+        e.message
+    );
+    // Bound: growth is the class's to allow.
+    let bound = br#"{"status":{"phase":"Bound","capacity":{"storage":"1Gi"}}}"#;
+    for name in ["a", "b"] {
+        reg.patch(&pvcs, Some("default"), name, bound, PatchType::Merge, Some(Subresource::Status), &opts)
+            .await
+            .unwrap();
+    }
+    reg.patch(&pvcs, Some("default"), "b", grow, PatchType::Merge, None, &opts).await.unwrap();
+    let e = reg.patch(&pvcs, Some("default"), "a", grow, PatchType::Merge, None, &opts).await.unwrap_err();
+    assert_eq!(e.code, 403);
+    assert!(e.message.contains("only dynamically provisioned pvc can be resized"), "{}", e.message);
+    let shrink = br#"{"spec":{"resources":{"requests":{"storage":"512Mi"}}}}"#;
+    let e = reg.patch(&pvcs, Some("default"), "b", shrink, PatchType::Merge, None, &opts).await.unwrap_err();
+    assert!(e.message.contains("field can not be less than status.capacity"), "{}", e.message);
+
+    let invalid = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "bad"},
+        "spec": {"accessModes": ["ReadWriteOnce", "Sometimes"], "capacity": {"storage": "1Gi"},
+            "hostPath": {"path": "/a"}, "nfs": {"server": "s", "path": "/p"}}});
+    let e = reg.create(&pvs, None, invalid, &opts).await.unwrap_err();
+    assert!(e.message.contains(r#"spec.accessModes: Unsupported value: "Sometimes""#), "{}", e.message);
+    assert!(e.message.contains("spec.nfs: Forbidden: may not specify more than 1 volume type"), "{}", e.message);
+    let none = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "bad"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}}});
+    let e = reg.create(&pvs, None, none, &opts).await.unwrap_err();
+    assert!(e.message.contains("spec: Required value: must specify a volume type"), "{}", e.message);
+    let ok = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "hostPath": {"path": "/a"}}});
+    let pv = value(&reg.create(&pvs, None, ok, &opts).await.unwrap().object);
+    assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Retain");
+    assert_eq!(pv["status"]["phase"], "Pending");
+    assert_eq!(pv["metadata"]["finalizers"], json!(["kubernetes.io/pv-protection"]));
+    let e = reg
+        .patch(&pvs, None, "pv", br#"{"spec":{"hostPath":{"path":"/b"}}}"#, PatchType::Merge, None, &opts)
+        .await
+        .unwrap_err();
+    assert!(
+        e.message.contains(
+            "spec.persistentvolumesource: Forbidden: spec.persistentvolumesource is immutable after creation"
+        ),
+        "{}",
+        e.message
+    );
+}

@@ -188,6 +188,8 @@ pub enum ClusterEvent {
     AssignedPodAdded { pod: Arc<PodInfo> },
     /// A pod bound to a node left it (deleted, finished or forgotten); the node as it is now.
     AssignedPodRemoved { pod: Arc<PodInfo>, node: Arc<NodeInfo> },
+    /// A PersistentVolumeClaim, PersistentVolume, StorageClass or CSINode was added or changed.
+    StorageChanged,
 }
 
 /// The node set a PreFilter plugin narrows the search to; `None` means all nodes.
@@ -253,6 +255,11 @@ pub trait Plugin: Send + Sync + 'static {
     /// Success, Wait (with a timeout, capped at 15 minutes) or a rejection.
     fn permit(&self, _state: &mut CycleState, _pod: &PodInfo, _node: &str) -> (Status, Duration) {
         (Status::success(), Duration::ZERO)
+    }
+
+    /// Before binding, in the binding cycle: may wait (volumes being provisioned).
+    fn pre_bind<'a>(&'a self, _state: &'a CycleState, _pod: &'a PodInfo, _node: &'a str) -> BoxFuture<'a, Status> {
+        Box::pin(async { Status::success() })
     }
 
     /// Binds the pod; Skip passes to the next Bind plugin.
@@ -481,6 +488,16 @@ impl Profile {
     }
 
     /// Bind: the first plugin that does not Skip decides.
+    pub async fn run_pre_bind(&self, state: &CycleState, pod: &PodInfo, node: &str) -> Status {
+        for p in self.plugins(Point::PreBind) {
+            let s = p.pre_bind(state, pod, node).await;
+            if !s.is_success() {
+                return s.with_plugin(p.name());
+            }
+        }
+        Status::success()
+    }
+
     pub async fn run_bind(&self, pod: &PodInfo, node: &str) -> Status {
         for p in self.plugins(Point::Bind) {
             let s = p.bind(pod, node).await;

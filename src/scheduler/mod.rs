@@ -104,8 +104,27 @@ impl Scheduler {
             max_backoff: config.max_backoff,
             ..QueueOptions::default()
         };
-        Self::launch(client, profiles, opts, node_name, shutdown);
+        let sched = Self::launch(client, profiles, opts, node_name, shutdown.clone());
+        tokio::spawn(sched.follow_storage(handle, shutdown));
         Ok(())
+    }
+
+    /// Claims, volumes and classes that change may make pods VolumeBinding rejected schedulable.
+    async fn follow_storage(self: Arc<Self>, handle: plugins::Handle, shutdown: CancellationToken) {
+        let (mut claims, mut volumes, mut classes) =
+            (handle.storage.claims_changed.clone(), handle.volumes_changed.clone(), handle.classes_changed.clone());
+        loop {
+            let changed = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                c = claims.changed() => c,
+                c = volumes.changed() => c,
+                c = classes.changed() => c,
+            };
+            if changed.is_err() {
+                return;
+            }
+            self.queue.on_event(&ClusterEvent::StorageChanged);
+        }
     }
 
     fn launch(
@@ -378,6 +397,7 @@ impl Scheduler {
         node: String,
         wait: Option<(std::time::Duration, &'static str)>,
     ) {
+        let mut stage = "Bind";
         let status = match wait {
             // No plugin here can allow a waiting pod early, so a wait always runs out.
             Some((t, plugin)) => {
@@ -385,7 +405,13 @@ impl Scheduler {
                 Status::unschedulable(format!("rejected due to timeout after waiting {t:?} at plugin {plugin}"))
                     .with_plugin(plugin)
             }
-            None => profile.run_bind(&pod, &node).await,
+            None => match profile.run_pre_bind(&state, &pod, &node).await {
+                s if s.is_success() => profile.run_bind(&pod, &node).await,
+                s => {
+                    stage = "PreBind";
+                    s
+                }
+            },
         };
         if status.is_success() {
             profile.run_post_bind(&pod, &node);
@@ -398,7 +424,7 @@ impl Scheduler {
         }
         profile.run_unreserve(&mut state, &pod, &node);
         let failure = match Self::rejected_at(&status) {
-            Failure::Error(e) => Failure::Error(format!("running Bind plugin {:?}: {e}", status.plugin)),
+            Failure::Error(e) => Failure::Error(format!("running {stage} plugin {:?}: {e}", status.plugin)),
             other => other,
         };
         self.roll_back(qp, &failure);

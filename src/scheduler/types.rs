@@ -153,6 +153,16 @@ pub struct PodInfo {
     pub deleting: bool,
     /// Succeeded or Failed: holds no resources.
     pub finished: bool,
+    /// The claims its volumes name (VolumeBinding): `persistentVolumeClaim` and generic ephemeral.
+    pub claims: Vec<PodClaim>,
+}
+
+/// One claim a pod's volume names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodClaim {
+    pub name: String,
+    /// The claim of a generic ephemeral volume (`<pod>-<volume>`), which must be the pod's own.
+    pub ephemeral: bool,
 }
 
 impl PodInfo {
@@ -184,7 +194,19 @@ impl PodInfo {
             .filter_map(|c| c.image.as_deref())
             .map(normalize_image)
             .collect();
+        let pod_name = meta.name.clone().unwrap_or_default();
+        let claims = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| match (&v.persistent_volume_claim, &v.ephemeral) {
+                (Some(c), _) => Some(PodClaim { name: c.claim_name.clone(), ephemeral: false }),
+                (None, Some(_)) => Some(PodClaim { name: format!("{pod_name}-{}", v.name), ephemeral: true }),
+                _ => None,
+            })
+            .collect();
         PodInfo {
+            claims,
             uid: meta.uid.clone().unwrap_or_default(),
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),

@@ -11,9 +11,11 @@
 //! `NodeResources::service_account_token`, and skipped when it is `None`.
 
 mod atomic;
+pub mod claims;
 pub(crate) mod downward;
 mod hosts;
-mod mount;
+pub(crate) mod mount;
+mod ownership;
 mod subpath;
 #[cfg(test)]
 mod tests;
@@ -24,8 +26,10 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, HostPathVolumeSource, KeyToPath, Pod, Secret, Volume as PodVolume, VolumeProjection,
+    ConfigMap, Container, HostPathVolumeSource, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    Volume as PodVolume, VolumeProjection,
 };
+use k8s_openapi::api::storage::v1::CSIDriver;
 
 use crate::registry::kinds::pod_rules::parse_quantity;
 use atomic::{FileProjection, Payload};
@@ -50,10 +54,21 @@ const DEFAULT_MODE: u32 = 0o644;
 /// emptyDir directories (and the directories wrapping configMap and secret contents).
 const EMPTY_DIR_MODE: u32 = 0o777;
 
-/// The ConfigMaps and Secrets of the cluster, as the agent sees them.
+/// The ConfigMaps and Secrets of the cluster, and the pod's claims with their volumes, as the agent
+/// sees them.
 pub trait Objects {
     fn config_map(&self, ns: &str, name: &str) -> Option<ConfigMap>;
     fn secret(&self, ns: &str, name: &str) -> Option<Secret>;
+    /// A PersistentVolumeClaim of the pod's namespace.
+    fn claim(&self, _name: &str) -> Option<PersistentVolumeClaim> {
+        None
+    }
+    fn volume(&self, _name: &str) -> Option<PersistentVolume> {
+        None
+    }
+    fn csi_driver(&self, _name: &str) -> Option<CSIDriver> {
+        None
+    }
 }
 
 /// What the downward API and memory-backed volumes need to know about the node (and the pod's token).
@@ -116,6 +131,12 @@ pub enum SetUpError {
 pub enum VolumeError {
     #[error("MountVolume.SetUp failed for volume \"{volume}\" : {source}")]
     SetUp { volume: String, source: SetUpError },
+    /// Staging a CSI volume (kubelet's `MountDevice`) failed.
+    #[error("MountVolume.MountDevice failed for volume \"{volume}\" : {message}")]
+    MountDevice { volume: String, message: String },
+    /// Claims that cannot be used yet (kubelet's desired-state populator errors).
+    #[error("Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[{}], failed to process volumes=[{}]: {}", .volumes.join(" "), .volumes.join(" "), .volumes.join(" "), .errors.join("; "))]
+    Claims { volumes: Vec<String>, errors: Vec<String> },
     #[error("cannot find volume \"{volume}\" to mount into container \"{container}\"")]
     NotFound { volume: String, container: String },
     #[error("error SubPath `{0}` must not be an absolute path")]
@@ -136,17 +157,25 @@ pub enum VolumeError {
     Io { context: String, source: io::Error },
 }
 
+/// The `hostPath` type check and path of a static PersistentVolume's hostPath source.
+pub(crate) fn host_path_volume(src: &HostPathVolumeSource) -> Result<PathBuf, SetUpError> {
+    host_path(src)?;
+    Ok(PathBuf::from(&src.path))
+}
+
 pub(crate) fn io_context(context: impl Into<String>) -> impl FnOnce(io::Error) -> SetUpError {
     let context = context.into();
     move |source| SetUpError::Io { context, source }
 }
 
 /// Materializes every volume of the pod under `pod_dir` (idempotent; unchanged files are not
-/// rewritten). Every volume is attempted; the first failure is returned.
+/// rewritten) but for claims, which [`claims`] publishes. Every volume is attempted; the first
+/// failure is returned.
 pub fn setup(pod: &Pod, pod_dir: &Path, objects: &dyn Objects, node: &NodeResources) -> Result<Volumes, VolumeError> {
     let mut volumes = Volumes::default();
     let mut first_error = None;
-    for vol in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+    let volumes_of_claims = |v: &&PodVolume| v.persistent_volume_claim.is_none() && v.ephemeral.is_none();
+    for vol in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).filter(volumes_of_claims) {
         match setup_volume(pod, pod_dir, vol, objects, node) {
             Ok(v) => {
                 volumes.0.insert(vol.name.clone(), v);

@@ -1,4 +1,5 @@
-//! tmpfs mounts for memory-backed volumes, and unmounting everything under a pod directory.
+//! tmpfs mounts for memory-backed volumes, bind mounts for CSI volumes, and unmounting everything
+//! under a pod directory.
 
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -23,6 +24,42 @@ pub(crate) fn ensure_tmpfs(path: &Path, size: Option<i128>) -> io::Result<()> {
     nix::mount::mount(Some("tmpfs"), path, Some("tmpfs"), MsFlags::empty(), options.as_deref())?;
     tracing::debug!(path = %path.display(), ?options, "mounted tmpfs");
     Ok(())
+}
+
+/// Whether something is mounted exactly at `path` (by `/proc/self/mountinfo`: a bind mount from the
+/// same filesystem has its parent's device number).
+pub(crate) fn is_mounted(path: &Path) -> io::Result<bool> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(mountinfo.lines().filter_map(|line| line.split(' ').nth(4)).any(|p| Path::new(&unescape_octal(p)) == path))
+}
+
+/// Bind-mounts `source` at `target` (an existing directory) unless a mount is already there;
+/// `read_only` remounts the bind read-only, as a bind's flags can only be changed by a remount.
+pub(crate) fn bind(source: &Path, target: &Path, read_only: bool) -> io::Result<()> {
+    if is_mounted(target)? {
+        return Ok(());
+    }
+    nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+    if read_only {
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        if let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+            let _ = nix::mount::umount2(target, MntFlags::empty());
+            return Err(e.into());
+        }
+    }
+    tracing::debug!(source = %source.display(), target = %target.display(), read_only, "bind-mounted");
+    Ok(())
+}
+
+/// Unmounts `path` if something is mounted there.
+pub(crate) fn unmount(path: &Path) -> io::Result<()> {
+    if !is_mounted(path)? {
+        return Ok(());
+    }
+    match nix::mount::umount2(path, MntFlags::empty()) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(io::Error::other(format!("unmounting {}: {e}", path.display()))),
+    }
 }
 
 /// Unmounts every mount whose mount point is inside `dir`, deepest first.

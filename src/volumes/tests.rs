@@ -273,7 +273,7 @@ fn config_map_errors_and_optional() {
         setup_err(&p, &dir.path, &objects),
         "MountVolume.SetUp failed for volume \"v\" : invalid path: must not contain '..': ../x"
     );
-    let p = pod(json!([{"name": "v", "persistentVolumeClaim": {"claimName": "x"}}]), c(json!([])));
+    let p = pod(json!([{"name": "v", "nfs": {"server": "nfs.example", "path": "/x"}}]), c(json!([])));
     assert_eq!(
         setup_err(&p, &dir.path, &objects),
         "MountVolume.SetUp failed for volume \"v\" : no volume plugin matched"

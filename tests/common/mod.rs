@@ -54,6 +54,13 @@ impl Server {
             .args((!extra.iter().any(|a| a.starts_with("--disable-agent"))).then_some("--disable-agent"))
             // Clusters of parallel tests each take a free port for their node endpoint.
             .args((!extra.contains(&"--kubelet-port")).then_some(["--kubelet-port", "0"]).into_iter().flatten())
+            // ... and a kubelet root directory of their own (plugin sockets, CSI staging).
+            .args(
+                (!extra.contains(&"--kubelet-root-dir"))
+                    .then(|| [std::ffi::OsString::from("--kubelet-root-dir"), dir.path().join("kubelet").into()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)

@@ -76,6 +76,8 @@ fn start(runtime: Arc<FakeRuntime>, pod: Pod) -> Harness {
         cgroups: None,
         memory_capacity: 8 << 30,
         runtime_name: "containerd".into(),
+        csi_drivers: Default::default(),
+        plugin_dirs: crate::csi::PluginDirs { root: dir.path().join("kubelet") },
     };
     let probes = ProbeManager::new(exec.clone(), probe_tx);
     let health = Arc::new(RuntimeHealth::default());

@@ -8,6 +8,7 @@ mod namespace;
 mod node;
 pub mod pod;
 pub mod pod_rules;
+pub mod storage;
 
 use std::sync::Arc;
 
@@ -33,5 +34,11 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(event::CoreEvents)),
         Arc::new(Typed::new(coordination::Leases)),
         Arc::new(Typed::new(event::Events)),
+        Arc::new(Typed::new(storage::PersistentVolumes)),
+        Arc::new(Typed::new(storage::PersistentVolumeClaims)),
+        Arc::new(Typed::new(storage::StorageClasses)),
+        Arc::new(Typed::new(storage::CsiDrivers)),
+        Arc::new(Typed::new(storage::CsiNodes)),
+        Arc::new(Typed::new(storage::VolumeAttachments)),
     ]
 }

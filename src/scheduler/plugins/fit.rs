@@ -397,7 +397,9 @@ impl Plugin for Fit {
             | ClusterEvent::AssignedPodRemoved { node: n, .. } => {
                 self.filter(&CycleState::default(), pod, n).is_success()
             }
-            ClusterEvent::AssignedPodAdded { .. } | ClusterEvent::NodeRemoved(_) => false,
+            ClusterEvent::AssignedPodAdded { .. } | ClusterEvent::NodeRemoved(_) | ClusterEvent::StorageChanged => {
+                false
+            }
         }
     }
 }

@@ -404,7 +404,7 @@ impl Plugin for InterPodAffinity {
             }
             ClusterEvent::NodeChanged(_) => true,
             // Fewer nodes never satisfy more affinity.
-            ClusterEvent::NodeRemoved(_) => false,
+            ClusterEvent::NodeRemoved(_) | ClusterEvent::StorageChanged => false,
             // An added pod may satisfy the affinity terms; a changed one may have dropped the
             // labels the anti-affinity terms select.
             ClusterEvent::AssignedPodAdded { pod: p, .. } => !anti_terms.is_empty() || selects_all(p),

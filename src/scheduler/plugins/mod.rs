@@ -7,6 +7,7 @@ pub mod image_locality;
 pub mod inter_pod_affinity;
 pub mod node_affinity;
 pub mod topology_spread;
+pub mod volume_binding;
 
 use std::sync::Arc;
 
@@ -31,6 +32,7 @@ pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
     ("NodeAffinity", 2),
     ("NodePorts", 0),
     ("NodeResourcesFit", 1),
+    ("VolumeBinding", 0),
     ("PodTopologySpread", 2),
     ("InterPodAffinity", 2),
     ("NodeResourcesBalancedAllocation", 1),
@@ -43,7 +45,6 @@ pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
 pub const NOT_SERVED: &[&str] = &[
     "VolumeRestrictions",
     "NodeVolumeLimits",
-    "VolumeBinding",
     "VolumeZone",
     "DefaultPreemption",
     "DynamicResources",
@@ -51,18 +52,27 @@ pub const NOT_SERVED: &[&str] = &[
 ];
 
 /// What plugins may use from the rest of the process (upstream's framework `Handle`): the client,
-/// and a cache of namespaces (the namespace lister).
+/// and caches of namespaces and of claims, volumes and classes (the listers).
 #[derive(Clone)]
 pub struct Handle {
     client: kube::Client,
     namespaces: Store<Namespace>,
+    pub storage: volume_binding::Storage,
+    /// Changes of volumes and classes (claims' are in `storage`).
+    pub volumes_changed: tokio::sync::watch::Receiver<u64>,
+    pub classes_changed: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Handle {
-    /// Starts the namespace cache; it follows the API until `shutdown`.
+    /// Starts the caches; they follow the API until `shutdown`.
     pub fn start(client: kube::Client, shutdown: &CancellationToken) -> Self {
-        let namespaces = crate::client::cache(Api::<Namespace>::all(client.clone()), Default::default(), shutdown);
-        Handle { client, namespaces }
+        use crate::client::{cache, notified_cache};
+        let namespaces = cache(Api::<Namespace>::all(client.clone()), Default::default(), shutdown);
+        let (claims, claims_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
+        let (volumes, volumes_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
+        let (classes, classes_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
+        let storage = volume_binding::Storage { claims, volumes, classes, claims_changed };
+        Handle { client, namespaces, storage, volumes_changed, classes_changed }
     }
 
     /// The labels of a namespace, for pod affinity terms with a `namespaceSelector`.
@@ -97,6 +107,9 @@ pub fn build(name: &str, config: Option<Value>, handle: &Handle) -> Result<Optio
             inter_pod_affinity::InterPodAffinity::new(args(config)?)?.with_namespace_labels(handle.namespace_labels()),
         ),
         topology_spread::NAME => Arc::new(topology_spread::PodTopologySpread::new(args(config)?)?),
+        volume_binding::NAME => {
+            Arc::new(volume_binding::VolumeBinding::new(args(config)?, handle.storage.clone(), handle.client.clone())?)
+        }
         "DefaultBinder" => Arc::new(DefaultBinder { client: handle.client.clone() }),
         n if NOT_SERVED.contains(&n) => return Ok(None),
         n => return Err(format!("unknown plugin {n:?}")),

@@ -386,6 +386,7 @@ impl Plugin for PodTopologySpread {
             // Only nodes in the constraints' domains count toward skew.
             ClusterEvent::NodeAdded(node) | ClusterEvent::NodeRemoved(node) => has_all_keys(&node.node, &constraints),
             ClusterEvent::NodeChanged(_) => true,
+            ClusterEvent::StorageChanged => false,
             ClusterEvent::AssignedPodAdded { pod: p, .. } => p.namespace == pod.namespace,
             ClusterEvent::AssignedPodRemoved { pod: p, .. } => {
                 p.namespace == pod.namespace && constraints.iter().any(|c| c.selects(&p.labels))

@@ -168,6 +168,7 @@ pub use validate_pod::{validate_ephemeral_containers_update, validate_pod, valid
 use validate_probes::*;
 use validate_resources::*;
 use validate_scheduling::*;
+pub use validate_scheduling::{validate_label_selector, validate_node_selector_term};
 use validate_security::*;
 use validate_volumes::*;
 

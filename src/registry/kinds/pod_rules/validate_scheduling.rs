@@ -82,7 +82,7 @@ pub(super) fn validate_pod_affinity_term(term: &PodAffinityTerm, path: &str, out
     qualified_name(&term.topology_key, &key_path, out);
 }
 
-pub(super) fn validate_node_selector_term(term: &NodeSelectorTerm, any_value: bool, path: &str, out: &mut ErrorList) {
+pub fn validate_node_selector_term(term: &NodeSelectorTerm, any_value: bool, path: &str, out: &mut ErrorList) {
     for (i, req) in slice(&term.match_expressions).iter().enumerate() {
         let path = format!("{path}.matchExpressions[{i}]");
         validate_requirement(&req.key, &req.operator, slice(&req.values), true, any_value, &path, out);
@@ -110,7 +110,7 @@ pub(super) fn validate_node_selector_term(term: &NodeSelectorTerm, any_value: bo
 }
 
 /// `metav1.ValidateLabelSelector`.
-pub(super) fn validate_label_selector(selector: Option<&LabelSelector>, path: &str, out: &mut ErrorList) {
+pub fn validate_label_selector(selector: Option<&LabelSelector>, path: &str, out: &mut ErrorList) {
     let Some(selector) = selector else { return };
     let labels = selector.match_labels.iter().flatten();
     out.extend(validate_labels(labels, &format!("{path}.matchLabels")));

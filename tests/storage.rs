@@ -1,0 +1,396 @@
+//! End to end: PersistentVolumes, claims and classes against the real cairn, its embedded containerd
+//! and kubectl. The built-in `local-path` class provisions through cairn's own CSI driver; a second
+//! driver runs as a separate process (`cairn csi-hostpath`) and registers through the plugin socket
+//! directory, as an external driver does. One node serves every check (each uses its own claims and
+//! pods); the last check kills cairn with SIGKILL under a running pod with a claim.
+//!
+//! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
+
+mod common;
+
+#[path = "common/busybox.rs"]
+mod busybox;
+#[allow(dead_code)]
+#[path = "../src/runtime/cri.rs"]
+mod cri;
+#[path = "common/node.rs"]
+mod node;
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use busybox::BUSYBOX;
+use common::{Server, eventually};
+use node::{Node, node_ready};
+
+const CIDR: &str = "10.46.0.0/16";
+
+fn get(node: &Server, what: &str, path: &str) -> String {
+    let out = node.kubectl(&["get", what, "-o", &format!("jsonpath={path}")]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits until `kubectl get <what> -o jsonpath=<path>` prints `want`.
+fn wait_for(node: &Server, what: &str, path: &str, want: &str) {
+    let mut last = String::new();
+    for _ in 0..600 {
+        last = get(node, what, path);
+        if last == want {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!(
+        "{what} {path}: wanted {want:?}, still {last:?}\n{}\n--- server log ---\n{}",
+        node.ok(&["get", "pv,pvc,pods", "-o", "wide"]),
+        node.log()
+    );
+}
+
+fn gone(node: &Server, what: &str) -> bool {
+    let out = node.kubectl(&["get", what, "--ignore-not-found", "-o", "name"]);
+    out.status.success() && out.stdout.is_empty()
+}
+
+fn events_of(node: &Server, name: &str) -> String {
+    node.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={name}"),
+        "-o",
+        "custom-columns=R:.reason,M:.message",
+    ])
+}
+
+fn claim(name: &str, class: Option<&str>, size: &str) -> String {
+    let class = class.map(|c| format!("  storageClassName: {c:?}\n")).unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: {size}}}}}\n{class}"
+    )
+}
+
+/// A busybox pod mounting `claim` at /data and running `script`.
+fn pod(name: &str, claim: &str, script: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 0
+  securityContext: {{fsGroup: 2000}}
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", {script:?}]
+    volumeMounts: [{{name: data, mountPath: /data}}]
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}]
+"#
+    )
+}
+
+fn running(node: &Server, name: &str) {
+    wait_for(node, &format!("pod/{name}"), "{.status.phase}", "Running");
+}
+
+fn exec(node: &Server, pod: &str, script: &str) -> String {
+    node.ok(&["exec", pod, "--", "sh", "-c", script])
+}
+
+/// The directories the built-in driver has made.
+fn local_volumes(node: &Server) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(node.dir.path().join("data/storage"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+/// How many mounts there are under `dir`.
+fn mounted_under(dir: &Path) -> usize {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|p| Path::new(p).starts_with(dir)).count()
+}
+
+/// The default class: a claim waits for its first consumer, is provisioned on the pod's node, keeps
+/// its data across pods, grows on request, stays while in use, and takes its directory with it.
+fn check_default_class(node: &Server) {
+    let classes = node.ok(&["get", "storageclass"]);
+    assert!(classes.contains("local-path (default)"), "{classes}");
+    assert!(classes.contains("hostpath.csi.cairn.io") && classes.contains("WaitForFirstConsumer"), "{classes}");
+    assert!(node.ok(&["get", "csinode"]).contains(" 1 "), "the built-in driver is registered");
+
+    node.ok_stdin(&["apply", "-f", "-"], &claim("data", None, "1Gi"));
+    assert_eq!(get(node, "pvc/data", "{.spec.storageClassName}"), "local-path", "the default class is assigned");
+    eventually(30, || {
+        events_of(node, "data").contains("waiting for first consumer to be created before binding").then_some(())
+    });
+    assert_eq!(get(node, "pvc/data", "{.status.phase}"), "Pending", "no consumer, no volume");
+
+    node.ok_stdin(&["apply", "-f", "-"], &pod("writer", "data", "echo kept > /data/file; sleep 3600"));
+    running(node, "writer");
+    wait_for(node, "pvc/data", "{.status.phase}", "Bound");
+    let pv = get(node, "pvc/data", "{.spec.volumeName}");
+    let host = get(node, "pod/writer", "{.spec.nodeName}");
+    assert_eq!(
+        get(
+            node,
+            &format!("pv/{pv}"),
+            "{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}"
+        ),
+        host
+    );
+    assert_eq!(get(node, &format!("pv/{pv}"), "{.spec.persistentVolumeReclaimPolicy}"), "Delete");
+    let events = events_of(node, "data");
+    assert!(
+        events.contains("ProvisioningSucceeded") && events.contains(&format!("Successfully provisioned volume {pv}")),
+        "{events}"
+    );
+    assert_eq!(exec(node, "writer", "cat /data/file"), "kept\n");
+    // fsGroup owns the volume.
+    assert!(exec(node, "writer", "ls -ldn /data").contains(" 2000 "), "{}", exec(node, "writer", "ls -ldn /data"));
+    assert_eq!(local_volumes(node), [format!("{pv}_default_data")]);
+    let listed = node.ok(&["get", "pvc", "data"]);
+    assert!(
+        listed.contains("Bound") && listed.contains("1Gi") && listed.contains("RWO") && listed.contains("local-path"),
+        "{listed}"
+    );
+
+    // Expansion.
+    node.ok(&["patch", "pvc", "data", "-p", r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#]);
+    wait_for(node, "pvc/data", "{.status.capacity.storage}", "2Gi");
+    assert_eq!(get(node, &format!("pv/{pv}"), "{.spec.capacity.storage}"), "2Gi");
+    let shrink =
+        node.fails(&["patch", "pvc", "data", "-p", r#"{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}"#]);
+    assert!(shrink.contains("field can not be less than status.capacity"), "{shrink}");
+
+    // The data outlives the pod.
+    node.ok(&["delete", "pod", "writer"]);
+    node.ok_stdin(&["apply", "-f", "-"], &pod("reader", "data", "sleep 3600"));
+    running(node, "reader");
+    assert_eq!(exec(node, "reader", "cat /data/file"), "kept\n");
+
+    // A claim in use stays until its pod is gone; then the volume and its directory go.
+    node.ok(&["delete", "pvc", "data", "--wait=false"]);
+    eventually(10, || node.ok(&["get", "pvc", "data"]).contains("Terminating").then_some(()));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(!gone(node, "pvc/data"), "a claim in use is kept");
+    assert_eq!(exec(node, "reader", "cat /data/file"), "kept\n", "the volume stays mounted");
+    node.ok(&["delete", "pod", "reader"]);
+    eventually(60, || (gone(node, "pvc/data") && gone(node, &format!("pv/{pv}"))).then_some(()));
+    eventually(30, || local_volumes(node).is_empty().then_some(()));
+    let kubelet = node.dir.path().join("kubelet");
+    eventually(10, || (mounted_under(&kubelet) == 0).then_some(()));
+}
+
+/// A Retain class keeps the volume and its data once the claim is gone; an Immediate class binds
+/// without a consumer; a class without allowVolumeExpansion refuses growth.
+fn check_retain(node: &Server) {
+    let class = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: keep}\nprovisioner: hostpath.csi.cairn.io\nreclaimPolicy: Retain\nvolumeBindingMode: Immediate\n";
+    node.ok_stdin(&["apply", "-f", "-"], class);
+    let changed = node.fails(&["patch", "sc", "keep", "-p", r#"{"provisioner":"other.example.com"}"#]);
+    assert!(changed.contains("provisioner: Invalid value") && changed.contains("field is immutable"), "{changed}");
+    node.ok_stdin(&["apply", "-f", "-"], &claim("kept", Some("keep"), "64Mi"));
+    wait_for(node, "pvc/kept", "{.status.phase}", "Bound");
+    let pv = get(node, "pvc/kept", "{.spec.volumeName}");
+    let grow = node.fails(&["patch", "pvc", "kept", "-p", r#"{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}"#]);
+    assert!(grow.contains("only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize"), "{grow}");
+    node.ok_stdin(&["apply", "-f", "-"], &pod("keeper", "kept", "echo retained > /data/file; sleep 3600"));
+    running(node, "keeper");
+    eventually(10, || (exec(node, "keeper", "cat /data/file") == "retained\n").then_some(()));
+
+    // A bound volume waits for its claim.
+    node.ok(&["delete", "pv", &pv, "--wait=false"]);
+    assert!(node.ok(&["get", "pv", &pv]).contains("Terminating"));
+    node.ok(&["delete", "pod", "keeper"]);
+    node.ok(&["delete", "pvc", "kept"]);
+    eventually(60, || gone(node, &format!("pv/{pv}")).then_some(()));
+    let kept = local_volumes(node);
+    assert_eq!(kept, [format!("{pv}_default_kept")], "Retain keeps the directory");
+    let file = node.dir.path().join("data/storage").join(&kept[0]).join("file");
+    assert_eq!(std::fs::read_to_string(file).unwrap(), "retained\n");
+}
+
+/// A static volume binds by selector (the smallest fitting, of the claim's class); a claim's errors
+/// are reported in upstream's words.
+fn check_static_and_errors(node: &Server, scratch: &Path) {
+    let mut yaml = String::new();
+    for (name, tier, size) in [("gold-big", "gold", "5Gi"), ("gold-small", "gold", "1Gi"), ("silver", "silver", "1Gi")]
+    {
+        let path = scratch.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::write(path.join("label"), name).unwrap();
+        yaml.push_str(&format!(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}, labels: {{tier: {tier}}}}}\nspec:\n  capacity: {{storage: {size}}}\n  accessModes: [ReadWriteOnce]\n  storageClassName: \"\"\n  hostPath: {{path: {}}}\n---\n",
+            path.display()
+        ));
+    }
+    node.ok_stdin(&["apply", "-f", "-"], &yaml);
+    wait_for(node, "pv/gold-small", "{.status.phase}", "Available");
+    let selecting = format!("{}  selector: {{matchLabels: {{tier: gold}}}}\n", claim("golden", Some(""), "512Mi"));
+    node.ok_stdin(&["apply", "-f", "-"], &selecting);
+    wait_for(node, "pvc/golden", "{.spec.volumeName}", "gold-small");
+    wait_for(node, "pv/gold-small", "{.status.phase}", "Bound");
+    assert!(node.ok(&["get", "pv", "gold-small"]).contains("default/golden"));
+    node.ok_stdin(&["apply", "-f", "-"], &pod("static", "golden", "sleep 3600"));
+    running(node, "static");
+    assert_eq!(exec(node, "static", "cat /data/label"), "gold-small");
+
+    // Released, not deleted: a static volume of the default Retain policy.
+    node.ok(&["delete", "pod", "static"]);
+    node.ok(&["delete", "pvc", "golden"]);
+    wait_for(node, "pv/gold-small", "{.status.phase}", "Released");
+
+    let invalid = node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: bad}\nspec: {resources: {requests: {storage: 1Gi}}}\n",
+    );
+    let err = String::from_utf8_lossy(&invalid.stderr);
+    assert!(err.contains("spec.accessModes: Required value: at least 1 access mode is required"), "{err}");
+    let no_size = node.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: bad}\nspec: {accessModes: [ReadWriteOnce], hostPath: {path: /tmp}}\n",
+    );
+    assert!(String::from_utf8_lossy(&no_size.stderr).contains("spec.capacity: Required value"));
+
+    node.ok_stdin(&["apply", "-f", "-"], &claim("lost-class", Some("nope"), "1Gi"));
+    eventually(30, || {
+        events_of(node, "lost-class").contains("storageclass.storage.k8s.io \"nope\" not found").then_some(())
+    });
+    assert_eq!(get(node, "pvc/lost-class", "{.status.phase}"), "Pending");
+
+    node.ok_stdin(&["apply", "-f", "-"], &pod("orphan", "missing", "sleep 3600"));
+    eventually(30, || events_of(node, "orphan").contains("persistentvolumeclaim \"missing\" not found").then_some(()));
+    node.ok(&["delete", "pod", "orphan"]);
+    node.ok(&["delete", "pvc", "lost-class"]);
+}
+
+/// A generic ephemeral volume: a claim per pod, owned by it, gone with it.
+fn check_ephemeral(node: &Server) {
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: eph}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "echo scratch > /scratch/f; sleep 3600"]
+    volumeMounts: [{{name: scratch, mountPath: /scratch}}]
+  volumes:
+  - name: scratch
+    ephemeral:
+      volumeClaimTemplate:
+        spec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 16Mi}}}}}}
+"#
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &yaml);
+    running(node, "eph");
+    assert_eq!(get(node, "pvc/eph-scratch", "{.metadata.ownerReferences[0].name}"), "eph");
+    assert_eq!(exec(node, "eph", "cat /scratch/f"), "scratch\n");
+    let pv = get(node, "pvc/eph-scratch", "{.spec.volumeName}");
+    node.ok(&["delete", "pod", "eph"]);
+    eventually(60, || (gone(node, "pvc/eph-scratch") && gone(node, &format!("pv/{pv}"))).then_some(()));
+}
+
+/// A driver in a process of its own, registered through `plugins_registry/`: it provisions,
+/// publishes and deletes exactly as the built-in one.
+fn check_external_driver(node: &Server, scratch: &Path) {
+    let kubelet = node.dir.path().join("kubelet");
+    let storage = scratch.join("external");
+    let node_name = get(node, "nodes", "{.items[0].metadata.name}");
+    let socket = kubelet.join("plugins/ext.csi.test/csi.sock");
+    let mut driver = ExternalDriver(
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["csi-hostpath", "--driver-name", "ext.csi.test", "--node-id", &node_name])
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--storage-path")
+            .arg(&storage)
+            .arg("--registration-dir")
+            .arg(kubelet.join("plugins_registry"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start cairn csi-hostpath"),
+    );
+    wait_for(node, &format!("csinode/{node_name}"), "{.spec.drivers[*].name}", "hostpath.csi.cairn.io ext.csi.test");
+    let class = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ext}\nprovisioner: ext.csi.test\nvolumeBindingMode: Immediate\n";
+    node.ok_stdin(&["apply", "-f", "-"], class);
+    node.ok_stdin(&["apply", "-f", "-"], &claim("outside", Some("ext"), "32Mi"));
+    wait_for(node, "pvc/outside", "{.status.phase}", "Bound");
+    let pv = get(node, "pvc/outside", "{.spec.volumeName}");
+    assert_eq!(get(node, &format!("pv/{pv}"), "{.spec.csi.driver}"), "ext.csi.test");
+    node.ok_stdin(&["apply", "-f", "-"], &pod("outsider", "outside", "echo external > /data/f; sleep 3600"));
+    running(node, "outsider");
+    eventually(10, || (exec(node, "outsider", "cat /data/f") == "external\n").then_some(()));
+    let dir = storage.join(format!("{pv}_default_outside"));
+    assert_eq!(std::fs::read_to_string(dir.join("f")).unwrap(), "external\n");
+    node.ok(&["delete", "pod", "outsider"]);
+    node.ok(&["delete", "pvc", "outside"]);
+    eventually(60, || (gone(node, &format!("pv/{pv}")) && !dir.exists()).then_some(()));
+
+    driver.0.kill().unwrap();
+    driver.0.wait().unwrap();
+    // Its registration socket stays behind a killed process; the node drops it once it is gone.
+    let _ = std::fs::remove_file(kubelet.join("plugins_registry/ext.csi.test-reg.sock"));
+    wait_for(node, &format!("csinode/{node_name}"), "{.spec.drivers[*].name}", "hostpath.csi.cairn.io");
+}
+
+struct ExternalDriver(Child);
+
+impl Drop for ExternalDriver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// SIGKILL under a running pod with a claim: the container keeps running, its volume stays mounted
+/// and readable, and cairn does not unmount it when it comes back.
+fn check_kill9(node: &mut Node) {
+    node.ok_stdin(&["apply", "-f", "-"], &claim("durable", None, "8Mi"));
+    node.ok_stdin(&["apply", "-f", "-"], &pod("durable", "durable", "echo before > /data/f; sleep 3600"));
+    running(node, "durable");
+    eventually(10, || (exec(node, "durable", "cat /data/f") == "before\n").then_some(()));
+    let container = get(node, "pod/durable", "{.status.containerStatuses[0].containerID}");
+    let uid = get(node, "pod/durable", "{.metadata.uid}");
+    let pod_dir: PathBuf = node.dir.path().join("data/agent/pods").join(&uid);
+    assert_eq!(mounted_under(&pod_dir), 1);
+    node.restart_after_kill9();
+    eventually(60, || node_ready(node));
+    running(node, "durable");
+    // Synced again after the restart, and still the same container.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(get(node, "pod/durable", "{.status.containerStatuses[0].containerID}"), container);
+    assert_eq!(get(node, "pod/durable", "{.status.containerStatuses[0].restartCount}"), "0");
+    assert_eq!(mounted_under(&pod_dir), 1, "the volume is neither unmounted nor mounted twice");
+    exec(node, "durable", "echo after >> /data/f");
+    assert_eq!(exec(node, "durable", "cat /data/f"), "before\nafter\n");
+    node.ok(&["delete", "pod", "durable"]);
+    node.ok(&["delete", "pvc", "durable"]);
+    eventually(60, || gone(node, "pvc/durable").then_some(()));
+    eventually(30, || (mounted_under(&pod_dir) == 0).then_some(()));
+}
+
+#[test]
+fn claims_are_provisioned_mounted_and_reclaimed_like_kubernetes() {
+    let mut node = Node::start(CIDR);
+    eventually(60, || node_ready(&node));
+    eventually(60, || {
+        node.ok(&["get", "nodes", "-o", "jsonpath={.items[0].status.images}"]).contains(BUSYBOX).then_some(())
+    });
+    let scratch = tempfile::tempdir().unwrap();
+    check_default_class(&node);
+    check_retain(&node);
+    check_static_and_errors(&node, scratch.path());
+    check_ephemeral(&node);
+    check_external_driver(&node, scratch.path());
+    check_kill9(&mut node);
+}
