@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -27,7 +27,7 @@ use super::runtime::{self, Error, Reconciler};
 use crate::events::{EventType, Recorder};
 use crate::registry::kinds::storage::{
     BETA_STORAGE_PROVISIONER, BIND_COMPLETED, BOUND_BY_CONTROLLER, PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER,
-    is_default_class, storage_bytes,
+    claim_reference, is_default_class, storage_bytes,
 };
 
 /// The provisioner name of classes whose volumes are made by hand (local volumes).
@@ -183,18 +183,6 @@ fn best_match(
     best.map(|(_, pv)| pv)
 }
 
-fn reference(pvc: &PersistentVolumeClaim) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("PersistentVolumeClaim".into()),
-        namespace: pvc.metadata.namespace.clone(),
-        name: pvc.metadata.name.clone(),
-        uid: pvc.metadata.uid.clone(),
-        resource_version: pvc.metadata.resource_version.clone(),
-        ..Default::default()
-    }
-}
-
 impl Shared {
     fn class(&self, name: &str) -> Option<Arc<StorageClass>> {
         self.classes.get(&ObjectRef::new(name))
@@ -234,7 +222,7 @@ impl Shared {
     /// `bind`: both sides point at each other and are Bound (each write only when something differs).
     async fn bind(&self, pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> Result<(), Error> {
         let (pv_name, claim_name) = (pv.name_any(), pvc.name_any());
-        let wanted_ref = reference(pvc);
+        let wanted_ref = claim_reference(pvc);
         let current_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.clone());
         let same_uid = current_ref.as_ref().and_then(|r| r.uid.clone()) == wanted_ref.uid;
         let mut pv = pv.clone();

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference,
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, VolumeNodeAffinity,
+    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume,
+    PersistentVolumeClaim, PersistentVolumeSpec, VolumeNodeAffinity,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -38,7 +38,7 @@ use super::proto;
 use crate::controllers::runtime::{self, Error, Reconciler};
 use crate::events::{EventType, Recorder};
 use crate::registry::kinds::storage::{
-    BETA_STORAGE_PROVISIONER, PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER, storage_bytes,
+    BETA_STORAGE_PROVISIONER, PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER, claim_reference, storage_bytes,
 };
 
 /// external-provisioner's finalizer on the volumes it made with a `Delete` policy: the PersistentVolume
@@ -402,15 +402,7 @@ impl Claims {
             spec: Some(PersistentVolumeSpec {
                 access_modes: Some(modes),
                 capacity: Some(BTreeMap::from([("storage".to_string(), bytes_quantity(capacity))])),
-                claim_ref: Some(ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("PersistentVolumeClaim".into()),
-                    namespace: Some(ns.clone()),
-                    name: Some(name.clone()),
-                    uid: Some(uid.clone()),
-                    resource_version: pvc.resource_version(),
-                    ..Default::default()
-                }),
+                claim_ref: Some(claim_reference(pvc)),
                 csi: Some(CSIPersistentVolumeSource {
                     driver: driver.to_string(),
                     volume_handle: volume.volume_id.clone(),

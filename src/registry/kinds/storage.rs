@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus,
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+    PersistentVolumeStatus,
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -58,6 +59,27 @@ fn add_finalizer(meta: &mut ObjectMeta, finalizer: &str) {
     let list = meta.finalizers.get_or_insert_with(Vec::new);
     if !list.iter().any(|f| f == finalizer) {
         list.push(finalizer.to_string());
+    }
+}
+
+/// The full reference to a claim that a volume's `claimRef` holds once bound.
+pub fn claim_reference(pvc: &PersistentVolumeClaim) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: pvc.metadata.namespace.clone(),
+        name: pvc.metadata.name.clone(),
+        uid: pvc.metadata.uid.clone(),
+        resource_version: pvc.metadata.resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+/// A status phase among `phases`.
+fn validate_phase(phase: Option<&str>, phases: &[&str]) -> ErrorList {
+    match phase {
+        Some(p) if !phases.contains(&p) => vec![FieldError::not_supported("status.phase", p, phases)],
+        _ => Vec::new(),
     }
 }
 
@@ -289,14 +311,10 @@ impl Kind for PersistentVolumes {
     }
 
     fn validate_status_update(&self, new: &PersistentVolume, _old: &PersistentVolume) -> ErrorList {
-        const PHASES: &[&str] = &["Available", "Bound", "Failed", "Pending", "Released"];
-        let mut out = Vec::new();
-        if let Some(p) = new.status.as_ref().and_then(|s| s.phase.as_deref())
-            && !PHASES.contains(&p)
-        {
-            out.push(FieldError::not_supported("status.phase", p, PHASES));
-        }
-        out
+        validate_phase(
+            new.status.as_ref().and_then(|s| s.phase.as_deref()),
+            &["Available", "Bound", "Failed", "Pending", "Released"],
+        )
     }
 
     fn columns(&self) -> Vec<Column> {
@@ -450,14 +468,7 @@ impl Kind for PersistentVolumeClaims {
     }
 
     fn validate_status_update(&self, new: &PersistentVolumeClaim, _old: &PersistentVolumeClaim) -> ErrorList {
-        const PHASES: &[&str] = &["Bound", "Lost", "Pending"];
-        let mut out = Vec::new();
-        if let Some(p) = new.status.as_ref().and_then(|s| s.phase.as_deref())
-            && !PHASES.contains(&p)
-        {
-            out.push(FieldError::not_supported("status.phase", p, PHASES));
-        }
-        out
+        validate_phase(new.status.as_ref().and_then(|s| s.phase.as_deref()), &["Bound", "Lost", "Pending"])
     }
 
     fn columns(&self) -> Vec<Column> {

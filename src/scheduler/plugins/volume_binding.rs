@@ -17,7 +17,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Deserialize;
 
-use crate::registry::kinds::storage::{BIND_COMPLETED, BOUND_BY_CONTROLLER, SELECTED_NODE, storage_bytes};
+use crate::registry::kinds::storage::{
+    BIND_COMPLETED, BOUND_BY_CONTROLLER, SELECTED_NODE, claim_reference, storage_bytes,
+};
 use crate::scheduler::framework::{ClusterEvent, CycleState, Plugin, Point, PreFilterResult, Status};
 use crate::scheduler::types::{NodeFacts, NodeInfo, PodInfo, label_selector_matches, node_term_matches};
 
@@ -327,16 +329,7 @@ impl VolumeBinding {
         for (pv_name, pvc) in &d.static_binds {
             let mut pv = volumes.get(pv_name).await?;
             pv.annotations_mut().insert(BOUND_BY_CONTROLLER.into(), "yes".into());
-            pv.spec.get_or_insert_with(Default::default).claim_ref =
-                Some(k8s_openapi::api::core::v1::ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("PersistentVolumeClaim".into()),
-                    namespace: pvc.metadata.namespace.clone(),
-                    name: pvc.metadata.name.clone(),
-                    uid: pvc.metadata.uid.clone(),
-                    resource_version: pvc.metadata.resource_version.clone(),
-                    ..Default::default()
-                });
+            pv.spec.get_or_insert_with(Default::default).claim_ref = Some(claim_reference(pvc));
             volumes.replace(pv_name, &PostParams::default(), &pv).await?;
         }
         for pvc in &d.provision {
