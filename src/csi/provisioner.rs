@@ -561,3 +561,69 @@ impl Reconciler for Volumes {
         Ok(Action::await_change())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::csi::client::{Entry, GrpcDriver};
+    use crate::csi::hostpath::HostPath;
+
+    /// A kill -9 between CreateVolume and the PersistentVolume's creation, and the claim deleted
+    /// meanwhile: the next sweep deletes the volume; a journaled claim that still exists is left to
+    /// the claim loop.
+    #[tokio::test]
+    async fn the_journal_sweep_deletes_volumes_whose_claim_went_away_mid_provisioning() {
+        let (_store, _registry, client) = crate::client::for_tests().await;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        let driver = HostPath { name: "test.csi".into(), node_id: "n1".into(), root: dir.path().join("storage") };
+        let shutdown = CancellationToken::new();
+        crate::csi::hostpath::serve_with_registration(driver, socket.clone(), None, shutdown.clone()).unwrap();
+        let registered = GrpcDriver::connect(&socket).await.unwrap();
+        let drivers = Drivers::default();
+        let entry = Entry { driver: Arc::new(registered.driver), topology: registered.topology };
+        drivers.insert("test.csi".into(), entry.clone());
+        let shared = Shared {
+            client: client.clone(),
+            drivers,
+            node_name: "n1".into(),
+            classes: kube::runtime::reflector::store().0,
+            journal: dir.path().join("provisioning"),
+            recorder: Recorder::spawn(client.clone(), "external-provisioner".into(), "n1".into()),
+        };
+        let pending = |claim: &str, uid: &str| Pending {
+            driver: "test.csi".into(),
+            namespace: "default".into(),
+            claim: claim.into(),
+            uid: uid.into(),
+            volume: format!("pvc-{uid}"),
+            required_bytes: 1 << 20,
+            parameters: HashMap::from([
+                (PVC_NAME_PARAM.to_string(), claim.to_string()),
+                (PVC_NAMESPACE_PARAM.to_string(), "default".to_string()),
+            ]),
+        };
+        // The claim that went away: journaled, its volume made, no PersistentVolume.
+        let gone = pending("gone", "uid-gone");
+        shared.journal_write(&gone).unwrap();
+        let made = entry.driver.create_volume(gone.request()).await.unwrap();
+        let volume_dir = dir.path().join("storage").join(&made.volume_id);
+        assert!(volume_dir.is_dir());
+        // A claim that still exists, journaled.
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+        let kept: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kept"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+        }))
+        .unwrap();
+        let kept = claims.create(&PostParams::default(), &kept).await.unwrap();
+        let kept_uid = kept.metadata.uid.clone().unwrap();
+        shared.journal_write(&pending("kept", &kept_uid)).unwrap();
+
+        shared.sweep_journal().await;
+        assert!(!volume_dir.exists(), "the orphaned volume is deleted");
+        assert!(!shared.journal_path("uid-gone").exists(), "and its journal entry");
+        assert!(shared.journal_path(&kept_uid).exists(), "a claim that still exists keeps its entry");
+        shutdown.cancel();
+    }
+}
