@@ -7,7 +7,7 @@
 //! fails, as upstream without an in-tree deleter).
 //!
 //! Two reconcilers over one set of caches: claims (triggered by their volumes) and volumes
-//! (triggered by their claims).
+//! (triggered by their claims; bound volumes also every sync period).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -465,9 +465,10 @@ impl Reconciler for Volumes {
             return Ok(Action::await_change());
         }
         let (ns, name) = (claim_ref.namespace.clone().unwrap_or_default(), claim_ref.name.clone().unwrap_or_default());
+        // The claims' cache may lag this loop's trigger: a claim it lacks or shows going is read live.
         let claim = match s.claims.get(&ObjectRef::new(&name).within(&ns)) {
-            Some(c) => Some(c),
-            None => Api::<PersistentVolumeClaim>::namespaced(s.client.clone(), &ns).get_opt(&name).await?.map(Arc::new),
+            Some(c) if c.metadata.deletion_timestamp.is_none() => Some(c),
+            _ => Api::<PersistentVolumeClaim>::namespaced(s.client.clone(), &ns).get_opt(&name).await?.map(Arc::new),
         };
         let claim = claim.filter(|c| c.metadata.uid == claim_ref.uid);
         let Some(claim) = claim else {
@@ -480,7 +481,9 @@ impl Reconciler for Volumes {
         }
         if bound_to == pv.name_any() {
             s.set_volume_phase(&pv, "Bound", None).await?;
-            return Ok(Action::await_change());
+            // Looked at again every sync period, as upstream resyncs (nothing is written unless the
+            // claim went away unseen).
+            return Ok(Action::requeue(RESYNC));
         }
         // The claim is bound to another volume.
         let provisioned = pv.annotations().contains_key(PROVISIONED_BY);
