@@ -290,6 +290,15 @@ impl Reconciler for Claims {
             s.bind(&pv, &pvc).await?;
             return Ok(Action::await_change());
         }
+        // The volume a provisioner made for the claim (`pvc-<uid>`, external-provisioner's name) may
+        // have triggered this sync before the volumes' cache holds it: it is read live.
+        if pvc.annotations().contains_key(STORAGE_PROVISIONER)
+            && let Some(pv) = s.volume_api().get_opt(&format!("pvc-{}", pvc.uid().unwrap_or_default())).await?
+            && points_at(&pv, &pvc)
+        {
+            s.bind(&pv, &pvc).await?;
+            return Ok(Action::await_change());
+        }
         if pvc.spec.as_ref().is_some_and(|sp| sp.storage_class_name.is_none())
             && let Some(default) = default_class(&s.classes)
         {
@@ -361,7 +370,8 @@ impl Reconciler for Claims {
                 "Waiting for a volume to be created either by the external provisioner '{provisioner}' or manually by the system administrator. If volume creation is delayed, please verify that the provisioner is running and correctly registered."
             ),
         );
-        Ok(Action::await_change())
+        // Looked at again every sync period while the provisioner works, as upstream resyncs.
+        Ok(Action::requeue(RESYNC))
     }
 }
 
