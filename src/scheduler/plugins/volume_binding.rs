@@ -5,7 +5,7 @@
 //! provision with the chosen node (`volume.kubernetes.io/selected-node`), and waits until every claim
 //! is bound (`bindTimeoutSeconds`, 600 by default).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -177,7 +177,10 @@ impl VolumeBinding {
     }
 
     /// Whether every claim of the pod is bound; an error when provisioning gave up on the node.
-    fn all_bound(&self, pod: &PodInfo, node: &str) -> Result<bool, String> {
+    /// Whether every claim of the pod is bound; an error when provisioning gave up on the node (the
+    /// selected node, once the cache showed it, was removed or changed). `seen` are the claims whose
+    /// selected node the cache has shown: PreBind's own write may not have reached it yet.
+    fn all_bound(&self, pod: &PodInfo, node: &str, seen: &mut HashSet<String>) -> Result<bool, String> {
         let mut done = true;
         for c in &pod.claims {
             let Some(pvc) = self.storage.claims.get(&ObjectRef::new(&c.name).within(&pod.namespace)) else {
@@ -186,16 +189,13 @@ impl VolumeBinding {
             if is_bound(&pvc) {
                 continue;
             }
+            done = false;
             match pvc.annotations().get(SELECTED_NODE) {
-                Some(n) if n == node => done = false,
-                None if pvc.annotations().contains_key(crate::registry::kinds::storage::STORAGE_PROVISIONER)
-                    || self
-                        .class(&pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default())
-                        .is_some_and(|c| c.volume_binding_mode.as_deref() != Some("WaitForFirstConsumer")) =>
-                {
-                    done = false
+                Some(n) if n == node => {
+                    seen.insert(c.name.clone());
                 }
-                None => return Err(format!("provisioning failed for PVC \"{}\"", c.name)),
+                None if seen.contains(&c.name) => return Err(format!("provisioning failed for PVC \"{}\"", c.name)),
+                None => {}
                 Some(_) => return Err(format!("selectedNode annotation reset for PVC \"{}\"", c.name)),
             }
         }
@@ -302,8 +302,9 @@ impl Plugin for VolumeBinding {
             }
             let mut changed = self.storage.claims_changed.clone();
             let deadline = tokio::time::Instant::now() + self.bind_timeout;
+            let mut seen = HashSet::new();
             loop {
-                match self.all_bound(pod, node) {
+                match self.all_bound(pod, node, &mut seen) {
                     Ok(true) => return Status::success(),
                     Ok(false) => {}
                     Err(e) => return Status::error(format!("binding volumes: {e}")),
