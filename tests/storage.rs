@@ -335,6 +335,10 @@ fn check_external_driver(node: &Server, scratch: &Path) {
     node.ok(&["delete", "pod", "outsider"]);
     node.ok(&["delete", "pvc", "outside"]);
     eventually(60, || (gone(node, &format!("pv/{pv}")) && !dir.exists()).then_some(()));
+    // The pod's teardown (unpublish, unstage) goes through the driver: it must be done before the
+    // driver is stopped.
+    let staged = kubelet.join("plugins/kubernetes.io/csi/ext.csi.test");
+    eventually(30, || (mounted_under(&staged) == 0).then_some(()));
 
     driver.0.kill().unwrap();
     driver.0.wait().unwrap();
