@@ -161,6 +161,8 @@ pub async fn publish(
         } else if let Some(csi) = &spec.csi {
             let driver = objects.csi_driver(&csi.driver);
             let pod_info = driver.as_ref().and_then(|d| d.spec.pod_info_on_mount) == Some(true);
+            // Ownership is applied when the volume is first published to the pod, not on every sync.
+            let published = super::mount::is_mounted(&target_path(pod_dir, &pv_name)).unwrap_or(false);
             let target = publish_csi(pod, pod_dir, &r, csi, pod_info, node).await?;
             let policy =
                 driver.and_then(|d| d.spec.fs_group_policy).unwrap_or_else(|| "ReadWriteOnceWithFSType".into());
@@ -170,7 +172,7 @@ pub async fn publish(
                 "None" => false,
                 _ => rwo && csi.fs_type.as_deref().is_some_and(|t| !t.is_empty()),
             };
-            (target, applies)
+            (target, applies && !published)
         } else {
             return Err(set_up(SetUpError::Unsupported));
         };
