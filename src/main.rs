@@ -63,6 +63,13 @@ struct CsiHostpathArgs {
     /// e.g. /var/lib/kubelet/plugins_registry
     #[arg(long)]
     registration_dir: Option<PathBuf>,
+    /// Offer ControllerPublish/Unpublish, so that volumes are attached to the node before they are
+    /// staged (give the driver's CSIDriver `attachRequired: true`)
+    #[arg(long)]
+    enable_attach: bool,
+    /// The most volumes of this driver one node takes (0: no limit)
+    #[arg(long, default_value_t = 0)]
+    max_volumes_per_node: i64,
     /// Log filter
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
@@ -451,7 +458,13 @@ fn run_csi_hostpath(args: CsiHostpathArgs) -> Result<()> {
         .or_else(|| hostname::get().ok().and_then(|h| h.into_string().ok()))
         .context("--node-id is needed: the hostname is not readable")?
         .to_lowercase();
-    let driver = csi::hostpath::HostPath { name: args.driver_name.clone(), node_id, root: args.storage_path };
+    let driver = csi::hostpath::HostPath {
+        name: args.driver_name.clone(),
+        node_id,
+        root: args.storage_path,
+        attach: args.enable_attach,
+        max_volumes: args.max_volumes_per_node,
+    };
     let registration = args.registration_dir.map(|d| d.join(format!("{}-reg.sock", args.driver_name)));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,8 +1,9 @@
 //! End to end: PersistentVolumes, claims and classes against the real cairn, its embedded containerd
 //! and kubectl. The built-in `local-path` class provisions through cairn's own CSI driver; a second
 //! driver runs as a separate process (`cairn csi-hostpath`) and registers through the plugin socket
-//! directory, as an external driver does. One node serves every check (each uses its own claims and
-//! pods); the last check kills cairn with SIGKILL under a running pod with a claim.
+//! directory, as an external driver does: it attaches its volumes (VolumeAttachments), takes one
+//! volume per node, and starts on a full disk. One node serves every check (each uses its own claims
+//! and pods); the last check kills cairn with SIGKILL under a running pod with a claim.
 //!
 //! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
 
@@ -67,9 +68,13 @@ fn events_of(node: &Server, name: &str) -> String {
 }
 
 fn claim(name: &str, class: Option<&str>, size: &str) -> String {
+    claim_with_mode(name, class, size, "ReadWriteOnce")
+}
+
+fn claim_with_mode(name: &str, class: Option<&str>, size: &str, mode: &str) -> String {
     let class = class.map(|c| format!("  storageClassName: {c:?}\n")).unwrap_or_default();
     format!(
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: {size}}}}}\n{class}"
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  accessModes: [{mode}]\n  resources: {{requests: {{storage: {size}}}}}\n{class}"
     )
 }
 
@@ -269,6 +274,27 @@ fn check_static_and_errors(node: &Server, scratch: &Path) {
     node.ok(&["delete", "pvc", "lost-class"]);
 }
 
+/// A ReadWriteOncePod claim serves one pod at a time; the second waits, refused in upstream's words,
+/// until the first is gone.
+fn check_read_write_once_pod(node: &Server) {
+    node.ok_stdin(&["apply", "-f", "-"], &claim_with_mode("solo", None, "8Mi", "ReadWriteOncePod"));
+    node.ok_stdin(&["apply", "-f", "-"], &pod("solo-a", "solo", "sleep 3600"));
+    running(node, "solo-a");
+    assert!(node.ok(&["get", "pvc", "solo"]).contains("RWOP"));
+    node.ok_stdin(&["apply", "-f", "-"], &pod("solo-b", "solo", "sleep 3600"));
+    eventually(30, || {
+        events_of(node, "solo-b")
+            .contains("0/1 nodes are available: 1 node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use by another pod.")
+            .then_some(())
+    });
+    assert_eq!(get(node, "pod/solo-b", "{.status.phase}"), "Pending");
+    node.ok(&["delete", "pod", "solo-a"]);
+    running(node, "solo-b");
+    node.ok(&["delete", "pod", "solo-b"]);
+    node.ok(&["delete", "pvc", "solo"]);
+    eventually(60, || gone(node, "pvc/solo").then_some(()));
+}
+
 /// A generic ephemeral volume: a claim per pod, owned by it, gone with it.
 fn check_ephemeral(node: &Server) {
     let yaml = format!(
@@ -300,15 +326,25 @@ spec:
 }
 
 /// A driver in a process of its own, registered through `plugins_registry/`: it provisions,
-/// publishes and deletes exactly as the built-in one.
+/// publishes and deletes exactly as the built-in one. It attaches (its CSIDriver says
+/// `attachRequired`), so each volume a pod uses gets a VolumeAttachment, attached through the
+/// driver before it is mounted and detached once unmounted; it takes one volume per node (CSINode
+/// allocatable), so a second pod waits for the first; and its disk starts full, which fails
+/// provisioning with an event until there is room.
 fn check_external_driver(node: &Server, scratch: &Path) {
     let kubelet = node.dir.path().join("kubelet");
     let storage = scratch.join("external");
+    std::fs::create_dir_all(&storage).unwrap();
+    // A disk with no inode left: no directory can be made.
+    let disk = Tmpfs::mount(&storage, "nr_inodes=1");
     let node_name = get(node, "nodes", "{.items[0].metadata.name}");
+    let csi_driver = "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: ext.csi.test}\nspec: {attachRequired: true}\n";
+    node.ok_stdin(&["apply", "-f", "-"], csi_driver);
     let socket = kubelet.join("plugins/ext.csi.test/csi.sock");
     let mut driver = ExternalDriver(
         Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args(["csi-hostpath", "--driver-name", "ext.csi.test", "--node-id", &node_name])
+            .args(["--enable-attach", "--max-volumes-per-node", "1"])
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
             .arg("--storage-path")
@@ -321,21 +357,79 @@ fn check_external_driver(node: &Server, scratch: &Path) {
             .expect("start cairn csi-hostpath"),
     );
     wait_for(node, &format!("csinode/{node_name}"), "{.spec.drivers[*].name}", "hostpath.csi.cairn.io ext.csi.test");
+    assert_eq!(
+        get(node, &format!("csinode/{node_name}"), "{.spec.drivers[?(@.name=='ext.csi.test')].allocatable.count}"),
+        "1"
+    );
     let class = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ext}\nprovisioner: ext.csi.test\nvolumeBindingMode: Immediate\n";
     node.ok_stdin(&["apply", "-f", "-"], class);
+
+    // The full disk: a failure event, no volume, and a retry that succeeds once there is room.
     node.ok_stdin(&["apply", "-f", "-"], &claim("outside", Some("ext"), "32Mi"));
+    eventually(30, || {
+        let events = events_of(node, "outside");
+        (events.contains("ProvisioningFailed")
+            && events
+                .contains("failed to provision volume with StorageClass \"ext\": rpc error: code = ResourceExhausted"))
+        .then_some(())
+    });
+    assert_eq!(get(node, "pvc/outside", "{.status.phase}"), "Pending");
+    assert!(!node.ok(&["get", "pv"]).contains("default/outside"), "no half-made volume");
+    disk.remount("nr_inodes=1000");
     wait_for(node, "pvc/outside", "{.status.phase}", "Bound");
     let pv = get(node, "pvc/outside", "{.spec.volumeName}");
     assert_eq!(get(node, &format!("pv/{pv}"), "{.spec.csi.driver}"), "ext.csi.test");
+    let handle = get(node, &format!("pv/{pv}"), "{.spec.csi.volumeHandle}");
+
+    // Attached before it is mounted.
     node.ok_stdin(&["apply", "-f", "-"], &pod("outsider", "outside", "echo external > /data/f; sleep 3600"));
     running(node, "outsider");
+    let attachments = node.ok(&["get", "volumeattachment"]);
+    assert!(
+        attachments.contains("ext.csi.test") && attachments.contains(&pv) && attachments.contains("true"),
+        "{attachments}"
+    );
+    assert_eq!(get(node, "volumeattachments", "{.items[0].metadata.finalizers[0]}"), "external-attacher/ext-csi-test");
+    assert_eq!(get(node, "volumeattachments", "{.items[0].status.attachmentMetadata.attachedTo}"), node_name);
+    let unique = format!("kubernetes.io/csi/ext.csi.test^{handle}");
+    wait_for(node, &format!("node/{node_name}"), "{.status.volumesAttached[*].name}", &unique);
+    wait_for(node, &format!("node/{node_name}"), "{.status.volumesInUse[*]}", &unique);
+    eventually(30, || {
+        events_of(node, "outsider")
+            .contains(&format!("AttachVolume.Attach succeeded for volume \"{pv}\""))
+            .then_some(())
+    });
     eventually(10, || (exec(node, "outsider", "cat /data/f") == "external\n").then_some(()));
     let dir = storage.join(format!("{pv}_default_outside"));
     assert_eq!(std::fs::read_to_string(dir.join("f")).unwrap(), "external\n");
+
+    // One volume per node: a second pod with another volume of the driver waits for the first.
+    node.ok_stdin(&["apply", "-f", "-"], &claim("outside-2", Some("ext"), "32Mi"));
+    wait_for(node, "pvc/outside-2", "{.status.phase}", "Bound");
+    node.ok_stdin(&["apply", "-f", "-"], &pod("outsider-2", "outside-2", "sleep 3600"));
+    eventually(30, || {
+        events_of(node, "outsider-2")
+            .contains("0/1 nodes are available: 1 node(s) exceed max volume count.")
+            .then_some(())
+    });
+    assert_eq!(get(node, "pod/outsider-2", "{.status.phase}"), "Pending");
+    // The first pod goes: its volume is unmounted, then detached, and the second pod gets the room.
     node.ok(&["delete", "pod", "outsider"]);
-    node.ok(&["delete", "pvc", "outside"]);
-    eventually(60, || (gone(node, &format!("pv/{pv}")) && !dir.exists()).then_some(()));
-    // The pod's teardown (unpublish, unstage) goes through the driver: it must be done before the
+    running(node, "outsider-2");
+    let pv2 = get(node, "pvc/outside-2", "{.spec.volumeName}");
+    eventually(30, || {
+        let attachments = node.ok(&["get", "volumeattachment"]);
+        (!attachments.contains(&format!("{pv} ")) && attachments.contains(&pv2)).then_some(())
+    });
+
+    node.ok(&["delete", "pod", "outsider-2"]);
+    node.ok(&["delete", "pvc", "outside", "outside-2"]);
+    eventually(60, || {
+        (gone(node, &format!("pv/{pv}")) && gone(node, &format!("pv/{pv2}")) && !dir.exists()).then_some(())
+    });
+    eventually(60, || gone(node, "volumeattachments").then_some(()));
+    wait_for(node, &format!("node/{node_name}"), "{.status.volumesAttached}", "");
+    // The pods' teardown (unpublish, unstage) goes through the driver: it must be done before the
     // driver is stopped.
     let staged = kubelet.join("plugins/kubernetes.io/csi/ext.csi.test");
     eventually(30, || (mounted_under(&staged) == 0).then_some(()));
@@ -345,6 +439,29 @@ fn check_external_driver(node: &Server, scratch: &Path) {
     // Its registration socket stays behind a killed process; the node drops it once it is gone.
     let _ = std::fs::remove_file(kubelet.join("plugins_registry/ext.csi.test-reg.sock"));
     wait_for(node, &format!("csinode/{node_name}"), "{.spec.drivers[*].name}", "hostpath.csi.cairn.io");
+    drop(disk);
+}
+
+/// A tmpfs mounted for the test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, options: &str) -> Self {
+        let status = Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(at).status().unwrap();
+        assert!(status.success(), "mounting a tmpfs at {}", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+
+    fn remount(&self, options: &str) {
+        let status = Command::new("mount").args(["-o", &format!("remount,{options}")]).arg(&self.0).status().unwrap();
+        assert!(status.success(), "remounting {}", self.0.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
 }
 
 struct ExternalDriver(Child);
@@ -395,6 +512,7 @@ fn claims_are_provisioned_mounted_and_reclaimed_like_kubernetes() {
     check_retain(&node);
     check_static_and_errors(&node, scratch.path());
     check_ephemeral(&node);
+    check_read_write_once_pod(&node);
     check_external_driver(&node, scratch.path());
     check_kill9(&mut node);
 }

@@ -274,6 +274,7 @@ impl Heartbeat {
             runtime_version: &runtime_version,
             not_ready,
             images: &images,
+            volumes_in_use: crate::volumes::claims::in_use(&self.cfg.data_dir.join("agent").join("pods")),
             now: now(),
         };
         // Written on the version read; another writer in between means reading again.

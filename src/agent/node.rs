@@ -168,6 +168,8 @@ pub struct Inputs<'a> {
     /// Why the node is not ready, if it is not: kubelet's `KubeletNotReady` message.
     pub not_ready: Option<String>,
     pub images: &'a [cri::Image],
+    /// The CSI volumes mounted for pods here (`status.volumesInUse`).
+    pub volumes_in_use: Vec<String>,
     pub now: Time,
 }
 
@@ -301,6 +303,9 @@ pub fn status(inputs: &Inputs, previous: Option<&NodeStatus>) -> NodeStatus {
             ..Default::default()
         }),
         images: Some(images),
+        volumes_in_use: (!inputs.volumes_in_use.is_empty()).then(|| inputs.volumes_in_use.clone()),
+        // The attach/detach controller's to write.
+        volumes_attached: previous.and_then(|p| p.volumes_attached.clone()),
         ..Default::default()
     }
 }
@@ -347,6 +352,7 @@ mod tests {
             runtime_version: "containerd://1.6.20",
             not_ready,
             images: &[],
+            volumes_in_use: Vec::new(),
             now: Time(now.parse().unwrap()),
         }
     }

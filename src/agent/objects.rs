@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
-use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::Api;
 
 use crate::volumes::Objects;
@@ -18,6 +18,7 @@ pub struct Fetched {
     claims: HashMap<String, PersistentVolumeClaim>,
     volumes: HashMap<String, PersistentVolume>,
     csi_drivers: HashMap<String, CSIDriver>,
+    attachments: HashMap<String, VolumeAttachment>,
 }
 
 impl Objects for Fetched {
@@ -35,6 +36,9 @@ impl Objects for Fetched {
     }
     fn csi_driver(&self, name: &str) -> Option<CSIDriver> {
         self.csi_drivers.get(name).cloned()
+    }
+    fn attachment(&self, name: &str) -> Option<VolumeAttachment> {
+        self.attachments.get(name).cloned()
     }
 }
 
@@ -105,7 +109,16 @@ pub async fn fetch(client: &kube::Client, pod: &Pod, wanted: &Wanted<'_>) -> Res
     Ok(out)
 }
 
-/// The claims the pod's volumes name, their bound volumes and those volumes' CSIDrivers.
+/// How long a sync waits for a volume to be attached (kubelet's WaitForAttach, shorter: the sync is
+/// retried).
+const ATTACH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn is_attached(va: Option<&VolumeAttachment>) -> bool {
+    va.and_then(|va| va.status.as_ref()).is_some_and(|s| s.attached)
+}
+
+/// The claims the pod's volumes name, their bound volumes, those volumes' CSIDrivers and, for drivers
+/// that attach, their VolumeAttachments to this node (waited for a while until attached).
 async fn fetch_claims(client: &kube::Client, pod: &Pod, out: &mut Fetched) -> Result<(), kube::Error> {
     let names = crate::controllers::protection::claims_of(pod);
     if names.is_empty() {
@@ -121,10 +134,26 @@ async fn fetch_claims(client: &kube::Client, pod: &Pod, out: &mut Fetched) -> Re
         if let Some(pv_name) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty())
             && let Some(pv) = volumes.get_opt(&pv_name).await?
         {
-            if let Some(driver) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.driver.clone())
-                && let Some(d) = drivers.get_opt(&driver).await?
-            {
-                out.csi_drivers.insert(driver, d);
+            if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+                let driver = drivers.get_opt(&csi.driver).await?;
+                if crate::csi::attach_required(driver.as_ref()) {
+                    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
+                    let name = crate::csi::attachment_name(&csi.volume_handle, &csi.driver, node);
+                    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+                    let mut va = attachments.get_opt(&name).await?;
+                    if !is_attached(va.as_ref()) {
+                        let attached = kube::runtime::wait::await_condition(
+                            attachments,
+                            &name,
+                            |va: Option<&VolumeAttachment>| is_attached(va),
+                        );
+                        if let Ok(Ok(found)) = tokio::time::timeout(ATTACH_WAIT, attached).await {
+                            va = found;
+                        }
+                    }
+                    out.attachments.extend(va.map(|va| (name, va)));
+                }
+                out.csi_drivers.extend(driver.map(|d| (csi.driver.clone(), d)));
             }
             out.volumes.insert(pv_name, pv);
         }

@@ -1,6 +1,6 @@
 //! The control loops a single-node cluster needs from kube-controller-manager: namespace lifecycle,
 //! default service accounts, garbage collection by owner, event expiry, and storage (the volume
-//! binder, in-use protection of claims and volumes, generic ephemeral volumes).
+//! binder, in-use protection of claims and volumes, generic ephemeral volumes, attach/detach).
 //!
 //! Each is a [`runtime::Reconciler`] over typed objects, run by [`runtime::run`] on the in-process
 //! client (`crate::client`); none reaches into another. Event expiry is a periodic sweep instead (see
@@ -8,6 +8,7 @@
 //! triggers it (copy `serviceaccount.rs`), started in [`spawn_all`]. The garbage collector is a
 //! graph over every kind instead (upstream's is too), fed by kube-runtime watchers of metadata.
 
+mod attachdetach;
 mod ephemeral;
 mod event_ttl;
 mod gc;
@@ -51,6 +52,11 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
             client: client.clone(),
             recorder: crate::events::Recorder::spawn(client.clone(), "ephemeral_volume".into(), String::new()),
         },
+        shutdown.clone(),
+    ));
+    tokio::spawn(runtime::run(
+        attachdetach::controller(client),
+        attachdetach::AttachDetach::new(client.clone()),
         shutdown.clone(),
     ));
     tokio::spawn(event_ttl::run(client.clone(), event_ttl::EVENT_TTL, shutdown.clone()));

@@ -45,6 +45,8 @@ pub struct Capabilities {
     pub expand: bool,
     /// Node `EXPAND_VOLUME`.
     pub node_expand: bool,
+    /// Controller `PUBLISH_UNPUBLISH_VOLUME`: volumes are attached to a node before they are staged.
+    pub publish_unpublish: bool,
 }
 
 /// The CSI services of one driver, as the node uses them.
@@ -56,6 +58,9 @@ pub trait Driver: Send + Sync {
         &self,
         req: proto::ControllerExpandVolumeRequest,
     ) -> Call<'_, proto::ControllerExpandVolumeResponse>;
+    /// ControllerPublishVolume: attaches the volume to the node; its answer is the publish context.
+    fn controller_publish(&self, req: proto::ControllerPublishVolumeRequest) -> Call<'_, HashMap<String, String>>;
+    fn controller_unpublish(&self, volume_id: String, node_id: String) -> Call<'_, ()>;
     fn stage(&self, req: proto::NodeStageVolumeRequest) -> Call<'_, ()>;
     fn unstage(&self, volume_id: String, staging_target_path: String) -> Call<'_, ()>;
     fn publish(&self, req: proto::NodePublishVolumeRequest) -> Call<'_, ()>;
@@ -119,6 +124,7 @@ impl GrpcDriver {
             };
             caps.create_delete = rpc(ccap::rpc::Type::CreateDeleteVolume);
             caps.expand = rpc(ccap::rpc::Type::ExpandVolume);
+            caps.publish_unpublish = rpc(ccap::rpc::Type::PublishUnpublishVolume);
         }
         Ok(Registered {
             driver: GrpcDriver { channel, caps },
@@ -169,6 +175,20 @@ impl Driver for GrpcDriver {
         Box::pin(async move { Ok(self.controller().controller_expand_volume(timed(req)).await?.into_inner()) })
     }
 
+    fn controller_publish(&self, req: proto::ControllerPublishVolumeRequest) -> Call<'_, HashMap<String, String>> {
+        Box::pin(async move {
+            Ok(self.controller().controller_publish_volume(timed(req)).await?.into_inner().publish_context)
+        })
+    }
+
+    fn controller_unpublish(&self, volume_id: String, node_id: String) -> Call<'_, ()> {
+        Box::pin(async move {
+            let req = proto::ControllerUnpublishVolumeRequest { volume_id, node_id, secrets: HashMap::new() };
+            self.controller().controller_unpublish_volume(timed(req)).await?;
+            Ok(())
+        })
+    }
+
     fn stage(&self, req: proto::NodeStageVolumeRequest) -> Call<'_, ()> {
         Box::pin(async move {
             self.node().node_stage_volume(timed(req)).await?;
@@ -206,6 +226,8 @@ impl Driver for GrpcDriver {
 #[derive(Clone)]
 pub struct Entry {
     pub driver: Arc<dyn Driver>,
+    /// The driver's ID of this node (`NodeGetInfo`), what ControllerPublishVolume is told.
+    pub node_id: String,
     /// The topology segments of this node that the driver reported.
     pub topology: BTreeMap<String, String>,
 }

@@ -33,7 +33,15 @@ pub struct HostPath {
     pub node_id: String,
     /// Where volume directories are made.
     pub root: PathBuf,
+    /// Offers ControllerPublish/Unpublish (a driver whose volumes are attached to a node first, as a
+    /// disk is), and then stages only what was published to this node.
+    pub attach: bool,
+    /// The most volumes a node takes (`NodeGetInfo`'s `max_volumes_per_node`; 0: no limit).
+    pub max_volumes: i64,
 }
+
+/// The `publish_context` key ControllerPublishVolume answers with: the node the volume went to.
+pub const ATTACHED_TO: &str = "attachedTo";
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -255,9 +263,49 @@ impl proto::controller_server::Controller for HostPath {
         let rpc = |t: ccap::rpc::Type| proto::ControllerServiceCapability {
             r#type: Some(ccap::Type::Rpc(ccap::Rpc { r#type: t as i32 })),
         };
-        Ok(Response::new(proto::ControllerGetCapabilitiesResponse {
-            capabilities: vec![rpc(ccap::rpc::Type::CreateDeleteVolume), rpc(ccap::rpc::Type::ExpandVolume)],
+        let mut capabilities = vec![rpc(ccap::rpc::Type::CreateDeleteVolume), rpc(ccap::rpc::Type::ExpandVolume)];
+        if self.attach {
+            capabilities.push(rpc(ccap::rpc::Type::PublishUnpublishVolume));
+        }
+        Ok(Response::new(proto::ControllerGetCapabilitiesResponse { capabilities }))
+    }
+
+    /// "Attaches" a volume to its node: checks it exists there and says so in the publish context.
+    async fn controller_publish_volume(
+        &self,
+        req: Request<proto::ControllerPublishVolumeRequest>,
+    ) -> Reply<proto::ControllerPublishVolumeResponse> {
+        if !self.attach {
+            return Err(Status::unimplemented("this driver does not attach volumes"));
+        }
+        let req = req.into_inner();
+        check_capability(req.volume_capability.as_ref())?;
+        let dir = volume_dir(&self.root, &req.volume_id)?;
+        if req.node_id != self.node_id {
+            return Err(Status::not_found(format!(
+                "node {} is not this driver's node ({}): its volumes are on {} only",
+                req.node_id, self.node_id, self.node_id
+            )));
+        }
+        if !dir.is_dir() {
+            return Err(Status::not_found(format!("volume {} does not exist", req.volume_id)));
+        }
+        tracing::info!(volume = %req.volume_id, node = %req.node_id, "hostpath volume attached");
+        Ok(Response::new(proto::ControllerPublishVolumeResponse {
+            publish_context: HashMap::from([(ATTACHED_TO.to_string(), req.node_id)]),
         }))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        req: Request<proto::ControllerUnpublishVolumeRequest>,
+    ) -> Reply<proto::ControllerUnpublishVolumeResponse> {
+        if !self.attach {
+            return Err(Status::unimplemented("this driver does not attach volumes"));
+        }
+        let req = req.into_inner();
+        tracing::info!(volume = %req.volume_id, node = %req.node_id, "hostpath volume detached");
+        Ok(Response::new(proto::ControllerUnpublishVolumeResponse {}))
     }
 
     /// A directory grows by itself: only the recorded capacity changes.
@@ -290,6 +338,12 @@ impl proto::node_server::Node for HostPath {
             return Err(Status::invalid_argument("staging target path missing in request"));
         }
         let dir = volume_dir(&self.root, &req.volume_id)?;
+        if self.attach && req.publish_context.get(ATTACHED_TO) != Some(&self.node_id) {
+            return Err(Status::failed_precondition(format!(
+                "volume {} is not attached to node {} (no ControllerPublishVolume context)",
+                req.volume_id, self.node_id
+            )));
+        }
         let staging = PathBuf::from(req.staging_target_path);
         blocking(move || {
             if !dir.is_dir() {
@@ -405,7 +459,7 @@ impl proto::node_server::Node for HostPath {
     async fn node_get_info(&self, _: Request<proto::NodeGetInfoRequest>) -> Reply<proto::NodeGetInfoResponse> {
         Ok(Response::new(proto::NodeGetInfoResponse {
             node_id: self.node_id.clone(),
-            max_volumes_per_node: 0,
+            max_volumes_per_node: self.max_volumes,
             accessible_topology: Some(topology(&self.node_id)),
         }))
     }

@@ -1,10 +1,12 @@
 //! CSI on the node, as kubelet and the CSI sidecars do it: cairn's built-in hostpath driver
 //! (`hostpath.rs`, also `cairn csi-hostpath` as a separate process), kubelet's plugin registration
 //! (`registration.rs`: drivers announce themselves with a socket in `plugins_registry/`, the node
-//! records them in its CSINode), the client every CSI call goes through (`client.rs`), and the
+//! records them in its CSINode), the client every CSI call goes through (`client.rs`), the
 //! provisioner that creates and deletes volumes for claims (`provisioner.rs`, external-provisioner in
-//! its per-node deployment). The built-in driver takes exactly the path an external one does.
+//! its per-node deployment) and the attacher that attaches them to nodes (`attacher.rs`,
+//! external-attacher). The built-in driver takes exactly the path an external one does.
 
+pub mod attacher;
 pub mod client;
 pub mod hostpath;
 pub mod provisioner;
@@ -32,6 +34,25 @@ pub const HOSTPATH_DRIVER: &str = "hostpath.csi.cairn.io";
 
 /// The node topology key of the built-in driver's volumes: each lives on one node.
 pub const HOSTNAME_KEY: &str = "kubernetes.io/hostname";
+
+/// The VolumeAttachment of a CSI volume on a node (upstream's `getAttachmentName`):
+/// `csi-<sha256 of handle, driver and node>`.
+pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
+    format!("csi-{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// A CSI volume's unique name in a Node's `volumesInUse` and `volumesAttached`.
+pub fn unique_volume_name(driver: &str, handle: &str) -> String {
+    format!("kubernetes.io/csi/{driver}^{handle}")
+}
+
+/// Whether a driver's volumes are attached before they are mounted: as its CSIDriver says, and yes
+/// when it has none (upstream's CSI plugin `CanAttach`).
+pub fn attach_required(driver: Option<&k8s_openapi::api::storage::v1::CSIDriver>) -> bool {
+    driver.is_none_or(|d| d.spec.attach_required != Some(false))
+}
 
 /// kubelet's directories for plugins, under its root directory (`--kubelet-root-dir`, kubelet's
 /// `--root-dir`: `/var/lib/kubelet` as root, so stock driver DaemonSets work unchanged).
@@ -78,7 +99,8 @@ impl NodeStorage {
 const BUILT_IN_REGISTRATION: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Starts the node's CSI side: the built-in hostpath driver (its CSI socket and its registration
-/// socket), the plugin watcher that registers it and any other driver, and the provisioner. Returns
+/// socket), the plugin watcher that registers it and any other driver, the provisioner and the
+/// attacher. Returns
 /// once the built-in driver is registered (or after a while, with a warning).
 pub async fn start_node(
     client: &kube::Client,
@@ -94,6 +116,8 @@ pub async fn start_node(
         name: HOSTPATH_DRIVER.into(),
         node_id: node_name.into(),
         root: storage.local_storage_path.clone(),
+        attach: false,
+        max_volumes: 0,
     };
     if let Err(e) = hostpath::run(driver, &dirs, shutdown.clone()) {
         tracing::error!("built-in CSI driver {HOSTPATH_DRIVER}: {e:#}; the local-path class cannot provision");
@@ -112,6 +136,7 @@ pub async fn start_node(
         }
     });
     provisioner::spawn(client, drivers.clone(), node_name, storage.agent_dir.join("provisioning"), shutdown);
+    attacher::spawn(client, drivers.clone(), node_name, shutdown);
     let registered = async {
         while drivers.get(HOSTPATH_DRIVER).is_none() {
             if changes.next().await.is_none() {

@@ -576,12 +576,22 @@ mod tests {
         let (_store, _registry, client) = crate::client::for_tests().await;
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("csi.sock");
-        let driver = HostPath { name: "test.csi".into(), node_id: "n1".into(), root: dir.path().join("storage") };
+        let driver = HostPath {
+            name: "test.csi".into(),
+            node_id: "n1".into(),
+            root: dir.path().join("storage"),
+            attach: false,
+            max_volumes: 0,
+        };
         let shutdown = CancellationToken::new();
         crate::csi::hostpath::serve_with_registration(driver, socket.clone(), None, shutdown.clone()).unwrap();
         let registered = GrpcDriver::connect(&socket).await.unwrap();
         let drivers = Drivers::default();
-        let entry = Entry { driver: Arc::new(registered.driver), topology: registered.topology };
+        let entry = Entry {
+            driver: Arc::new(registered.driver),
+            node_id: registered.node_id.clone(),
+            topology: registered.topology,
+        };
         drivers.insert("test.csi".into(), entry.clone());
         let shared = Shared {
             client: client.clone(),

@@ -231,8 +231,14 @@ impl Watcher {
             )
             .await);
         }
-        self.drivers
-            .insert(info.name.clone(), Entry { driver: Arc::new(registered.driver), topology: registered.topology });
+        self.drivers.insert(
+            info.name.clone(),
+            Entry {
+                driver: Arc::new(registered.driver),
+                node_id: registered.node_id.clone(),
+                topology: registered.topology,
+            },
+        );
         reg.notify_registration_status(rp::RegistrationStatus { plugin_registered: true, error: String::new() })
             .await?;
         tracing::info!("registered CSI driver {} at {}", info.name, endpoint.display());

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
@@ -30,10 +30,14 @@ fn is_root() -> bool {
     root
 }
 
-/// The claim, volume and nothing else, as the agent would have fetched them.
+/// The claim, volume, the driver's CSIDriver and the volume's attachment, as the agent would have
+/// fetched them.
 struct Fetched {
     claim: Option<PersistentVolumeClaim>,
     volume: Option<PersistentVolume>,
+    /// The CSIDriver's `attachRequired`.
+    attach: bool,
+    attachment: Option<VolumeAttachment>,
 }
 
 impl Objects for Fetched {
@@ -48,6 +52,15 @@ impl Objects for Fetched {
     }
     fn volume(&self, _: &str) -> Option<PersistentVolume> {
         self.volume.clone()
+    }
+    fn csi_driver(&self, name: &str) -> Option<CSIDriver> {
+        Some(
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"attachRequired": self.attach}}))
+                .unwrap(),
+        )
+    }
+    fn attachment(&self, _: &str) -> Option<VolumeAttachment> {
+        self.attachment.clone()
     }
 }
 
@@ -85,7 +98,7 @@ async fn claims_that_cannot_be_used_are_reported_in_kubelets_words() {
     let node = ClaimsNode { name: "n1", drivers: &drivers, dirs: &dirs, pods_dir: dir.path() };
     let pod_dir = dir.path().join("pod-uid");
     let publish = |claim, volume| {
-        let fetched = Fetched { claim, volume };
+        let fetched = Fetched { claim, volume, attach: false, attachment: None };
         let (pod, pod_dir, node) = (pod(), pod_dir.clone(), &node);
         async move { claims::publish(&pod, &pod_dir, &fetched, node).await.unwrap_err().to_string() }
     };
@@ -119,17 +132,25 @@ async fn the_built_in_driver_registers_provisions_publishes_and_deregisters() {
         Watcher { dir: dirs.registry(), drivers: drivers.clone(), client: client.clone(), node_name: "n1".into() };
     tokio::spawn(watcher.run(shutdown.clone()));
     let storage = dir.path().join("storage");
-    let driver = HostPath { name: "test.csi.cairn.io".into(), node_id: "n1".into(), root: storage.clone() };
+    let driver = HostPath {
+        name: "test.csi.cairn.io".into(),
+        node_id: "n1".into(),
+        root: storage.clone(),
+        attach: true,
+        max_volumes: 3,
+    };
     let driver_stop = CancellationToken::new();
     super::hostpath::run(driver, &dirs, driver_stop.clone()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), changes.next()).await.expect("the driver registers");
     let entry = drivers.get("test.csi.cairn.io").expect("registered");
-    assert!(entry.driver.capabilities().stage_unstage && entry.driver.capabilities().create_delete);
+    let caps = entry.driver.capabilities();
+    assert!(caps.stage_unstage && caps.create_delete && caps.publish_unpublish);
 
     let csi_node = Api::<CSINode>::all(client.clone()).get("n1").await.unwrap();
     assert_eq!(csi_node.spec.drivers.len(), 1);
     assert_eq!(csi_node.spec.drivers[0].node_id, "n1");
     assert_eq!(csi_node.spec.drivers[0].topology_keys, Some(vec!["kubernetes.io/hostname".to_string()]));
+    assert_eq!(csi_node.spec.drivers[0].allocatable.as_ref().and_then(|a| a.count), Some(3));
     assert_eq!(csi_node.metadata.owner_references.unwrap()[0].name, "n1");
     let annotations = Api::<Node>::all(client.clone()).get("n1").await.unwrap().metadata.annotations.unwrap();
     assert_eq!(annotations[NODE_ID_ANNOTATION], r#"{"test.csi.cairn.io":"n1"}"#);
@@ -155,10 +176,42 @@ async fn the_built_in_driver_registers_provisions_publishes_and_deregisters() {
     block.volume_capabilities[0].access_type = Some(proto::volume_capability::AccessType::Block(Default::default()));
     assert_eq!(entry.driver.create_volume(block).await.unwrap_err().code, tonic::Code::InvalidArgument);
 
-    let fetched = Fetched { claim: Some(claim("Bound")), volume: Some(volume("test.csi.cairn.io", &made.volume_id)) };
+    // The driver attaches: nothing is mounted until the volume's attachment to this node is attached,
+    // and its publish context reaches NodeStage (which refuses without it).
+    let pv = volume("test.csi.cairn.io", &made.volume_id);
+    let attachment = |status: serde_json::Value| -> VolumeAttachment {
+        serde_json::from_value(json!({
+            "metadata": {"name": super::attachment_name(&made.volume_id, "test.csi.cairn.io", "n1")},
+            "spec": {"attacher": "test.csi.cairn.io", "nodeName": "n1", "source": {"persistentVolumeName": "pvc-1"}},
+            "status": status,
+        }))
+        .unwrap()
+    };
     let pods_dir = dir.path().join("pods");
     let pod_dir = pods_dir.join("pod-uid");
     let cnode = ClaimsNode { name: "n1", drivers: &drivers, dirs: &dirs, pods_dir: &pods_dir };
+    let mut fetched = Fetched {
+        claim: Some(claim("Bound")),
+        volume: Some(pv.clone()),
+        attach: true,
+        attachment: Some(attachment(json!({"attached": false, "attachError": {"message": "no such disk"}}))),
+    };
+    let err = claims::publish(&pod(), &pod_dir, &fetched, &cnode).await.unwrap_err().to_string();
+    assert!(err.starts_with("MountVolume.WaitForAttach failed for volume \"pvc-1\" : volume attachment csi-"), "{err}");
+    assert!(err.ends_with("failed: no such disk"), "{err}");
+    let csi = pv.spec.clone().unwrap().csi.unwrap();
+    let context = entry
+        .driver
+        .controller_publish(proto::ControllerPublishVolumeRequest {
+            volume_id: made.volume_id.clone(),
+            node_id: entry.node_id.clone(),
+            volume_capability: Some(claims::capability(&pv, &csi)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(context, HashMap::from([("attachedTo".to_string(), "n1".to_string())]));
+    fetched.attachment = Some(attachment(json!({"attached": true, "attachmentMetadata": context})));
     let published = claims::publish(&pod(), &pod_dir, &fetched, &cnode).await.unwrap();
     let target = published["data"].host_path.clone();
     assert_eq!(target, pod_dir.join("volumes/kubernetes.io~csi/pvc-1/mount"));
@@ -171,7 +224,9 @@ async fn the_built_in_driver_registers_provisions_publishes_and_deregisters() {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert_eq!(info.lines().filter(|l| l.split(' ').nth(4) == Some(target.to_str().unwrap())).count(), 1);
 
+    assert_eq!(claims::in_use(&pods_dir), [format!("kubernetes.io/csi/test.csi.cairn.io^{}", made.volume_id)]);
     claims::unpublish_all(&pod_dir, &cnode).await.unwrap();
+    assert!(claims::in_use(&pods_dir).is_empty());
     assert!(!mount::is_mounted(&target).unwrap() && !target.exists());
     assert!(!mount::is_mounted(&staging).unwrap() && !staging.exists());
     assert!(storage.join(&made.volume_id).join("f").exists(), "unpublishing keeps the data");

@@ -188,7 +188,7 @@ pub enum ClusterEvent {
     AssignedPodAdded { pod: Arc<PodInfo> },
     /// A pod bound to a node left it (deleted, finished or forgotten); the node as it is now.
     AssignedPodRemoved { pod: Arc<PodInfo>, node: Arc<NodeInfo> },
-    /// A PersistentVolumeClaim, PersistentVolume, StorageClass or CSINode was added or changed.
+    /// A PersistentVolumeClaim, PersistentVolume, StorageClass, CSINode or VolumeAttachment changed.
     StorageChanged,
 }
 

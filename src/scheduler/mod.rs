@@ -109,16 +109,18 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Claims, volumes and classes that change may make pods VolumeBinding rejected schedulable.
+    /// Storage objects that change may make pods the volume plugins rejected schedulable.
     async fn follow_storage(self: Arc<Self>, handle: plugins::Handle, shutdown: CancellationToken) {
-        let (mut claims, mut volumes, mut classes) =
-            (handle.storage.claims_changed.clone(), handle.volumes_changed.clone(), handle.classes_changed.clone());
+        let mut claims = handle.storage.claims_changed.clone();
+        let [mut volumes, mut classes, mut csi_nodes, mut attachments] = handle.storage_changed.clone();
         loop {
             let changed = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 c = claims.changed() => c,
                 c = volumes.changed() => c,
                 c = classes.changed() => c,
+                c = csi_nodes.changed() => c,
+                c = attachments.changed() => c,
             };
             if changed.is_err() {
                 return;

@@ -155,6 +155,53 @@ pub struct PodInfo {
     pub finished: bool,
     /// The claims its volumes name (VolumeBinding): `persistentVolumeClaim` and generic ephemeral.
     pub claims: Vec<PodClaim>,
+    /// Its in-tree network disks (VolumeRestrictions' disk conflicts).
+    pub disks: Vec<Disk>,
+}
+
+/// An in-tree disk volume that two pods on one node may not both mount (upstream's
+/// `isVolumeConflict`): the same GCE PD, iSCSI target or RBD image unless every mount is read-only,
+/// the same EBS volume ever.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Disk {
+    Gce { pd: String, read_only: bool },
+    Ebs { id: String },
+    Iscsi { iqn: String, read_only: bool },
+    Rbd { monitors: Vec<String>, pool: String, image: String, read_only: bool },
+}
+
+impl Disk {
+    fn of(v: &k8s_openapi::api::core::v1::Volume) -> Option<Disk> {
+        if let Some(d) = &v.gce_persistent_disk {
+            return Some(Disk::Gce { pd: d.pd_name.clone(), read_only: d.read_only.unwrap_or(false) });
+        }
+        if let Some(d) = &v.aws_elastic_block_store {
+            return Some(Disk::Ebs { id: d.volume_id.clone() });
+        }
+        if let Some(d) = &v.iscsi {
+            return Some(Disk::Iscsi { iqn: d.iqn.clone(), read_only: d.read_only.unwrap_or(false) });
+        }
+        v.rbd.as_ref().map(|d| Disk::Rbd {
+            monitors: d.monitors.clone(),
+            pool: d.pool.clone().unwrap_or_else(|| "rbd".into()),
+            image: d.image.clone(),
+            read_only: d.read_only.unwrap_or(false),
+        })
+    }
+
+    /// Whether the two may not be mounted on one node at once.
+    pub fn conflicts(&self, other: &Disk) -> bool {
+        match (self, other) {
+            (Disk::Gce { pd: a, read_only: ra }, Disk::Gce { pd: b, read_only: rb }) => a == b && !(*ra && *rb),
+            (Disk::Ebs { id: a }, Disk::Ebs { id: b }) => a == b,
+            (Disk::Iscsi { iqn: a, read_only: ra }, Disk::Iscsi { iqn: b, read_only: rb }) => a == b && !(*ra && *rb),
+            (
+                Disk::Rbd { monitors: ma, pool: pa, image: ia, read_only: ra },
+                Disk::Rbd { monitors: mb, pool: pb, image: ib, read_only: rb },
+            ) => ma.iter().any(|m| mb.contains(m)) && pa == pb && ia == ib && !(*ra && *rb),
+            _ => false,
+        }
+    }
 }
 
 /// One claim a pod's volume names.
@@ -205,8 +252,10 @@ impl PodInfo {
                 _ => None,
             })
             .collect();
+        let disks = spec.volumes.iter().flatten().filter_map(Disk::of).collect();
         PodInfo {
             claims,
+            disks,
             uid: meta.uid.clone().unwrap_or_default(),
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),

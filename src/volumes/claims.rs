@@ -163,7 +163,8 @@ pub async fn publish(
             let pod_info = driver.as_ref().and_then(|d| d.spec.pod_info_on_mount) == Some(true);
             // Ownership is applied when the volume is first published to the pod, not on every sync.
             let published = super::mount::is_mounted(&target_path(pod_dir, &pv_name)).unwrap_or(false);
-            let target = publish_csi(pod, pod_dir, &r, csi, pod_info, node).await?;
+            let publish_context = attached(&pv_name, csi, driver.as_ref(), objects, node)?;
+            let target = publish_csi(pod, pod_dir, &r, csi, pod_info, publish_context, node).await?;
             let policy =
                 driver.and_then(|d| d.spec.fs_group_policy).unwrap_or_else(|| "ReadWriteOnceWithFSType".into());
             let rwo = spec.access_modes.iter().flatten().any(|m| m == "ReadWriteOnce");
@@ -196,7 +197,7 @@ pub async fn publish(
     Ok(out)
 }
 
-fn capability(pv: &PersistentVolume, csi: &CSIPersistentVolumeSource) -> proto::VolumeCapability {
+pub(crate) fn capability(pv: &PersistentVolume, csi: &CSIPersistentVolumeSource) -> proto::VolumeCapability {
     use proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
     let spec = pv.spec.clone().unwrap_or_default();
     let mode = match spec.access_modes.iter().flatten().next().map(String::as_str) {
@@ -215,6 +216,35 @@ fn capability(pv: &PersistentVolume, csi: &CSIPersistentVolumeSource) -> proto::
     }
 }
 
+/// The publish context of a volume whose driver attaches (its VolumeAttachment to this node's
+/// `attachmentMetadata`), or an error while it is not attached; empty for other drivers.
+fn attached(
+    pv_name: &str,
+    csi: &CSIPersistentVolumeSource,
+    driver: Option<&k8s_openapi::api::storage::v1::CSIDriver>,
+    objects: &(dyn Objects + Sync),
+    node: &Node<'_>,
+) -> Result<std::collections::HashMap<String, String>, VolumeError> {
+    if !crate::csi::attach_required(driver) {
+        return Ok(Default::default());
+    }
+    let name = crate::csi::attachment_name(&csi.volume_handle, &csi.driver, node.name);
+    let status = objects.attachment(&name).and_then(|va| va.status);
+    match status {
+        Some(s) if s.attached => Ok(s.attachment_metadata.unwrap_or_default().into_iter().collect()),
+        status => {
+            let why = status.and_then(|s| s.attach_error?.message);
+            Err(VolumeError::WaitForAttach {
+                volume: pv_name.to_string(),
+                message: match why {
+                    Some(e) => format!("volume attachment {name} failed: {e}"),
+                    None => format!("volume {} is not attached to node {} yet ({name})", csi.volume_handle, node.name),
+                },
+            })
+        }
+    }
+}
+
 /// The publish target of a CSI volume in a pod directory.
 fn target_path(pod_dir: &Path, pv_name: &str) -> PathBuf {
     pod_dir.join("volumes").join(CSI).join(pv_name).join("mount")
@@ -226,6 +256,7 @@ async fn publish_csi(
     r: &Resolved,
     csi: &CSIPersistentVolumeSource,
     pod_info: bool,
+    publish_context: std::collections::HashMap<String, String>,
     node: &Node<'_>,
 ) -> Result<PathBuf, VolumeError> {
     let pv_name = r.pv.metadata.name.clone().unwrap_or_default();
@@ -255,7 +286,7 @@ async fn publish_csi(
         write_json(&parent.join(VOL_DATA), &data).map_err(io)?;
         let req = proto::NodeStageVolumeRequest {
             volume_id: csi.volume_handle.clone(),
-            publish_context: Default::default(),
+            publish_context: publish_context.clone(),
             staging_target_path: staging.display().to_string(),
             volume_capability: Some(cap.clone()),
             secrets: Default::default(),
@@ -295,7 +326,7 @@ async fn publish_csi(
     }
     let req = proto::NodePublishVolumeRequest {
         volume_id: csi.volume_handle.clone(),
-        publish_context: Default::default(),
+        publish_context,
         staging_target_path: if staged { staging.display().to_string() } else { String::new() },
         target_path: target.display().to_string(),
         volume_capability: Some(cap),
@@ -305,6 +336,22 @@ async fn publish_csi(
     };
     entry.driver.publish(req).await.map_err(|e| set_up(e.to_string()))?;
     Ok(target)
+}
+
+/// The CSI volumes published to any pod under `pods_dir`, by unique name: kubelet's `volumesInUse`,
+/// which keeps a volume attached until the node is done with it.
+pub fn in_use(pods_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(pods_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|pod| std::fs::read_dir(pod.path().join("volumes").join(CSI)).into_iter().flatten().flatten())
+        .filter_map(|v| read_vol_data(&v.path().join(VOL_DATA)))
+        .map(|d| crate::csi::unique_volume_name(&d.driver_name, &d.volume_handle))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 fn read_vol_data(path: &Path) -> Option<VolData> {

@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, HostPathVolumeSource, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
     Volume as PodVolume, VolumeProjection,
 };
-use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use crate::registry::kinds::pod_rules::parse_quantity;
 use atomic::{FileProjection, Payload};
@@ -67,6 +67,10 @@ pub trait Objects {
         None
     }
     fn csi_driver(&self, _name: &str) -> Option<CSIDriver> {
+        None
+    }
+    /// A VolumeAttachment (of a volume whose driver needs attaching).
+    fn attachment(&self, _name: &str) -> Option<VolumeAttachment> {
         None
     }
 }
@@ -131,6 +135,9 @@ pub enum SetUpError {
 pub enum VolumeError {
     #[error("MountVolume.SetUp failed for volume \"{volume}\" : {source}")]
     SetUp { volume: String, source: SetUpError },
+    /// A CSI volume that must be attached first is not attached to this node (yet).
+    #[error("MountVolume.WaitForAttach failed for volume \"{volume}\" : {message}")]
+    WaitForAttach { volume: String, message: String },
     /// Staging a CSI volume (kubelet's `MountDevice`) failed.
     #[error("MountVolume.MountDevice failed for volume \"{volume}\" : {message}")]
     MountDevice { volume: String, message: String },

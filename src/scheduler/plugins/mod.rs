@@ -6,8 +6,10 @@ pub mod fit;
 pub mod image_locality;
 pub mod inter_pod_affinity;
 pub mod node_affinity;
+pub mod node_volume_limits;
 pub mod topology_spread;
 pub mod volume_binding;
+pub mod volume_restrictions;
 
 use std::sync::Arc;
 
@@ -32,6 +34,8 @@ pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
     ("NodeAffinity", 2),
     ("NodePorts", 0),
     ("NodeResourcesFit", 1),
+    ("VolumeRestrictions", 0),
+    ("NodeVolumeLimits", 0),
     ("VolumeBinding", 0),
     ("PodTopologySpread", 2),
     ("InterPodAffinity", 2),
@@ -40,16 +44,9 @@ pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
     ("DefaultBinder", 0),
 ];
 
-/// Upstream plugins for features this cluster does not serve (volumes, preemption, dynamic resource
-/// allocation): configurations may name them; they are left out.
-pub const NOT_SERVED: &[&str] = &[
-    "VolumeRestrictions",
-    "NodeVolumeLimits",
-    "VolumeZone",
-    "DefaultPreemption",
-    "DynamicResources",
-    "NodeDeclaredFeatures",
-];
+/// Upstream plugins for features this cluster does not serve (cloud zones, preemption, dynamic
+/// resource allocation): configurations may name them; they are left out.
+pub const NOT_SERVED: &[&str] = &["VolumeZone", "DefaultPreemption", "DynamicResources", "NodeDeclaredFeatures"];
 
 /// What plugins may use from the rest of the process (upstream's framework `Handle`): the client,
 /// and caches of namespaces and of claims, volumes and classes (the listers).
@@ -58,9 +55,8 @@ pub struct Handle {
     client: kube::Client,
     namespaces: Store<Namespace>,
     pub storage: volume_binding::Storage,
-    /// Changes of volumes and classes (claims' are in `storage`).
-    pub volumes_changed: tokio::sync::watch::Receiver<u64>,
-    pub classes_changed: tokio::sync::watch::Receiver<u64>,
+    /// Changes of the storage objects besides claims (whose signal is in `storage`).
+    pub storage_changed: [tokio::sync::watch::Receiver<u64>; 4],
 }
 
 impl Handle {
@@ -71,8 +67,11 @@ impl Handle {
         let (claims, claims_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
         let (volumes, volumes_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
         let (classes, classes_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
-        let storage = volume_binding::Storage { claims, volumes, classes, claims_changed };
-        Handle { client, namespaces, storage, volumes_changed, classes_changed }
+        let (csi_nodes, csi_nodes_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
+        let (attachments, attachments_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
+        let storage = volume_binding::Storage { claims, volumes, classes, csi_nodes, attachments, claims_changed };
+        let storage_changed = [volumes_changed, classes_changed, csi_nodes_changed, attachments_changed];
+        Handle { client, namespaces, storage, storage_changed }
     }
 
     /// The labels of a namespace, for pod affinity terms with a `namespaceSelector`.
@@ -110,6 +109,10 @@ pub fn build(name: &str, config: Option<Value>, handle: &Handle) -> Result<Optio
         volume_binding::NAME => {
             Arc::new(volume_binding::VolumeBinding::new(args(config)?, handle.storage.clone(), handle.client.clone())?)
         }
+        volume_restrictions::NAME => {
+            Arc::new(volume_restrictions::VolumeRestrictions { claims: handle.storage.claims.clone() })
+        }
+        node_volume_limits::NAME => Arc::new(node_volume_limits::NodeVolumeLimits::new(handle.storage.clone())),
         "DefaultBinder" => Arc::new(DefaultBinder { client: handle.client.clone() }),
         n if NOT_SERVED.contains(&n) => return Ok(None),
         n => return Err(format!("unknown plugin {n:?}")),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -39,12 +39,15 @@ pub struct Args {
     bind_timeout_seconds: Option<i64>,
 }
 
-/// The claims, volumes and classes the scheduler follows, and a signal of their changes.
+/// The storage objects the scheduler follows (claims, volumes, classes, nodes' CSI drivers and
+/// attachments), and a signal of the claims' changes.
 #[derive(Clone)]
 pub struct Storage {
     pub claims: Store<PersistentVolumeClaim>,
     pub volumes: Store<PersistentVolume>,
     pub classes: Store<StorageClass>,
+    pub csi_nodes: Store<CSINode>,
+    pub attachments: Store<VolumeAttachment>,
     pub claims_changed: tokio::sync::watch::Receiver<u64>,
 }
 
