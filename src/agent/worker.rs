@@ -49,6 +49,9 @@ impl Update {
 
 /// How long a failed sync waits before it is tried again (kubelet's pod worker backoff).
 const RETRY: Duration = Duration::from_secs(10);
+/// The first retry of volumes that could not be set up (kubelet's volume operations back off from
+/// 500 ms): a claim is often a moment from Bound, or its volume from attached, when the pod arrives.
+const VOLUME_RETRY: Duration = Duration::from_millis(500);
 /// How often a quiet pod is looked at anyway (kubelet's `syncFrequency`).
 const RESYNC: Duration = Duration::from_secs(60);
 /// The shortest time a container is given to stop (kubelet's `minimumGracePeriodInSeconds`).
@@ -90,6 +93,8 @@ pub struct Worker {
     unpublished: bool,
     /// The earliest time something is due (a backoff ends).
     due: Option<Instant>,
+    /// How long the next retry of a failed volume setup waits (doubling up to `RETRY`).
+    volume_retry: Duration,
 }
 
 /// What a step of the worker asks for next.
@@ -133,6 +138,7 @@ impl Worker {
             written: None,
             unpublished: false,
             due: None,
+            volume_retry: VOLUME_RETRY,
         }
     }
 
@@ -341,12 +347,17 @@ impl Worker {
         }
         let cgroup_parent = self.ctx.ensure_pod_cgroup(&pod)?;
         let volumes = match self.ctx.setup_volumes(&pod).await {
-            Ok(v) => v,
+            Ok(v) => {
+                self.volume_retry = VOLUME_RETRY;
+                v
+            }
             Err(e) => {
                 self.event(EventType::Warning, crate::volumes::FAILED_MOUNT, e.to_string());
                 let rt = self.runtime_pod().await?;
                 self.publish(&rt).await;
-                self.due_at(Instant::now() + RETRY);
+                let delay = self.volume_retry;
+                self.volume_retry = (delay * 2).min(RETRY);
+                self.due_at(Instant::now() + delay);
                 return Ok(false);
             }
         };
