@@ -32,6 +32,20 @@ pub struct ObjectRef {
     pub uid: String,
 }
 
+impl ObjectRef {
+    /// The reference to a typed object.
+    pub fn of<K: k8s_openapi::Resource + kube::Resource>(obj: &K) -> Self {
+        let meta = obj.meta();
+        ObjectRef {
+            kind: K::KIND,
+            api_version: K::API_VERSION,
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventType {
     Normal,

@@ -90,13 +90,6 @@ impl PodApi for ClientApi {
     }
 
     fn event(&self, pod: &Pod, kind: EventType, reason: &str, message: String) {
-        let object = ObjectRef {
-            kind: "Pod",
-            api_version: "v1",
-            namespace: spec::namespace(pod).into(),
-            name: spec::name(pod).into(),
-            uid: spec::uid(pod).into(),
-        };
-        self.recorder.record(object, kind, reason, "", message);
+        self.recorder.record(ObjectRef::of(pod), kind, reason, "", message);
     }
 }

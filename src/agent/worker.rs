@@ -49,9 +49,10 @@ impl Update {
 
 /// How long a failed sync waits before it is tried again (kubelet's pod worker backoff).
 const RETRY: Duration = Duration::from_secs(10);
-/// The first retry of volumes that could not be set up (kubelet's volume operations back off from
-/// 500 ms): a claim is often a moment from Bound, or its volume from attached, when the pod arrives.
-const VOLUME_RETRY: Duration = Duration::from_millis(500);
+/// The first retry of volumes that could not be set up (kubelet's volume manager looks at a pod's
+/// volumes again every 100 ms): a claim is often a moment from Bound (its phase is written just after
+/// the binding the scheduler waits for), or its volume from attached, when the pod arrives.
+const VOLUME_RETRY: Duration = Duration::from_millis(100);
 /// How often a quiet pod is looked at anyway (kubelet's `syncFrequency`).
 const RESYNC: Duration = Duration::from_secs(60);
 /// The shortest time a container is given to stop (kubelet's `minimumGracePeriodInSeconds`).

@@ -62,16 +62,6 @@ fn finished(pod: &Pod) -> bool {
     matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
-fn pod_ref(pod: &Pod) -> crate::events::ObjectRef {
-    crate::events::ObjectRef {
-        kind: "Pod",
-        api_version: "v1",
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-        uid: pod.uid().unwrap_or_default(),
-    }
-}
-
 impl AttachDetach {
     /// The attachments the node's pods need, by attachment name.
     async fn wanted(&self, node: &str) -> Result<BTreeMap<String, Wanted>, Error> {
@@ -109,7 +99,7 @@ impl AttachDetach {
                         unique: unique_volume_name(&csi.driver, &csi.volume_handle),
                         pods: Vec::new(),
                     });
-                entry.pods.push(pod_ref(pod));
+                entry.pods.push(crate::events::ObjectRef::of(pod));
             }
         }
         Ok(wanted)

@@ -55,14 +55,7 @@ impl Reconciler for EphemeralVolumes {
             };
             let name = format!("{}-{}", pod.name_any(), vol.name);
             let event = |message: String| {
-                let object = ObjectRef {
-                    kind: "Pod",
-                    api_version: "v1",
-                    namespace: ns.clone(),
-                    name: pod.name_any(),
-                    uid: pod.uid().unwrap_or_default(),
-                };
-                self.recorder.record(object, EventType::Warning, "FailedBinding", "", message);
+                self.recorder.record(ObjectRef::of(&*pod), EventType::Warning, "FailedBinding", "", message);
             };
             if let Some(existing) = claims.get_opt(&name).await? {
                 if let Err(e) = is_for_pod(&pod, &existing) {

@@ -67,26 +67,6 @@ pub fn spawn(client: &Client, shutdown: &CancellationToken) {
     tokio::spawn(runtime::run(volumes, Volumes(shared), shutdown.clone()));
 }
 
-fn claim_event(pvc: &PersistentVolumeClaim) -> crate::events::ObjectRef {
-    crate::events::ObjectRef {
-        kind: "PersistentVolumeClaim",
-        api_version: "v1",
-        namespace: pvc.namespace().unwrap_or_default(),
-        name: pvc.name_any(),
-        uid: pvc.uid().unwrap_or_default(),
-    }
-}
-
-fn volume_event(pv: &PersistentVolume) -> crate::events::ObjectRef {
-    crate::events::ObjectRef {
-        kind: "PersistentVolume",
-        api_version: "v1",
-        namespace: String::new(),
-        name: pv.name_any(),
-        uid: pv.uid().unwrap_or_default(),
-    }
-}
-
 fn claim_phase(pvc: &PersistentVolumeClaim) -> &str {
     pvc.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
 }
@@ -308,7 +288,7 @@ impl Reconciler for Claims {
             s.claim_api(&pvc).replace(&pvc.name_any(), &PostParams::default(), &claim).await?;
             return Ok(Action::await_change());
         }
-        let ev = claim_event(&pvc);
+        let ev = crate::events::ObjectRef::of(&*pvc);
         let selected = pvc.annotations().contains_key(SELECTED_NODE);
         if delayed && !selected {
             s.event(
@@ -397,7 +377,7 @@ impl Claims {
         if claim_ref.is_none() {
             if let Some(why) = mismatch(&pv, pvc) {
                 s.event(
-                    claim_event(pvc),
+                    crate::events::ObjectRef::of(pvc),
                     EventType::Warning,
                     "VolumeMismatch",
                     format!("Cannot bind to requested volume \"{wanted}\": {why}"),
@@ -407,7 +387,7 @@ impl Claims {
             }
         } else if !points_at(&pv, pvc) {
             s.event(
-                claim_event(pvc),
+                crate::events::ObjectRef::of(pvc),
                 EventType::Warning,
                 "FailedBinding",
                 format!("volume \"{wanted}\" already bound to a different claim."),
@@ -424,7 +404,7 @@ impl Claims {
         let s = &self.0;
         let lost = |reason: &'static str, message: &'static str| async move {
             if claim_phase(pvc) != "Lost" {
-                s.event(claim_event(pvc), EventType::Warning, reason, message);
+                s.event(crate::events::ObjectRef::of(pvc), EventType::Warning, reason, message);
             }
             s.set_claim_phase(pvc, "Lost").await
         };
@@ -526,7 +506,7 @@ impl Volumes {
         let external =
             pv.annotations().contains_key(PROVISIONED_BY) || pv.spec.as_ref().is_some_and(|sp| sp.csi.is_some());
         let fail = |reason: &'static str, message: String| async move {
-            s.event(volume_event(pv), EventType::Warning, reason, message.clone());
+            s.event(crate::events::ObjectRef::of(pv), EventType::Warning, reason, message.clone());
             let mut released = pv.clone();
             if let Some(st) = released.status.as_mut() {
                 st.phase = Some("Released".into());

@@ -134,16 +134,6 @@ fn capability(mode: &str, volume_mode: &str, fs_type: &str, mount_flags: &[Strin
     proto::VolumeCapability { access_type: Some(access_type), access_mode: Some(AccessMode { mode: mode as i32 }) }
 }
 
-fn event_ref<K: kube::Resource<DynamicType = ()>>(obj: &K, kind: &'static str) -> crate::events::ObjectRef {
-    crate::events::ObjectRef {
-        kind,
-        api_version: "v1",
-        namespace: obj.meta().namespace.clone().unwrap_or_default(),
-        name: obj.meta().name.clone().unwrap_or_default(),
-        uid: obj.meta().uid.clone().unwrap_or_default(),
-    }
-}
-
 fn failed(e: CsiError) -> Error {
     Error::Failed(e.to_string())
 }
@@ -336,7 +326,7 @@ impl Claims {
             accessibility_requirements: (!entry.topology.is_empty())
                 .then(|| proto::TopologyRequirement { requisite: vec![here.clone()], preferred: vec![here] }),
         };
-        let claim_ref = event_ref(pvc, "PersistentVolumeClaim");
+        let claim_ref = crate::events::ObjectRef::of(pvc);
         s.recorder.record(
             claim_ref.clone(),
             EventType::Normal,
@@ -455,7 +445,7 @@ impl Claims {
         if !entry.driver.capabilities().expand || !s.on_this_node(&pv) {
             return Ok(Action::await_change());
         }
-        let claim_ref = event_ref(pvc, "PersistentVolumeClaim");
+        let claim_ref = crate::events::ObjectRef::of(pvc);
         s.recorder.record(
             claim_ref.clone(),
             EventType::Normal,
@@ -530,7 +520,7 @@ impl Reconciler for Volumes {
             let handle = spec.csi.as_ref().map(|c| c.volume_handle.clone()).unwrap_or_default();
             if let Err(e) = entry.driver.delete_volume(handle).await {
                 s.recorder.record(
-                    event_ref(&*pv, "PersistentVolume"),
+                    crate::events::ObjectRef::of(&*pv),
                     EventType::Warning,
                     "VolumeFailedDelete",
                     "Deleting",
