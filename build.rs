@@ -73,6 +73,7 @@ mod protobuf_table {
         "api::authorization::v1",
         "api::policy::v1",
         "api::storage::v1",
+        "api::node::v1",
     ];
     /// Kinds accepted under any apiVersion, as clients send them with the group version of the request.
     const ANY_VERSION_KINDS: &[&str] = &["apimachinery::pkg::apis::meta::v1::DeleteOptions"];

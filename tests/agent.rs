@@ -715,6 +715,24 @@ spec:
     assert!(err.contains("a container name must be specified for pod pair, choose one of: [steady flaky]"), "{err}");
     let err = node.fails(&["logs", "ticker", "--previous"]);
     assert!(err.contains("previous terminated container \"main\" in pod \"ticker\" not found"), "{err}");
+
+    // A RuntimeClass names the CRI handler its pods run under; one containerd lacks is reported.
+    let classes = "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: standard}\nhandler: runc\n---\napiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: absent}\nhandler: nvidia\n";
+    node.ok_stdin(&["apply", "-f", "-"], classes);
+    let listed = node.ok(&["get", "runtimeclass"]);
+    assert!(listed.starts_with("NAME") && listed.contains("HANDLER") && listed.contains("standard   runc"), "{listed}");
+    let refused = node
+        .kubectl_stdin(&["apply", "-f", "-"], &pod_yaml("classless", "  runtimeClassName: nope\n", "", "sleep 3600"));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("pods \"classless\" is forbidden: pod rejected: RuntimeClass \"nope\" not found"), "{err}");
+    node.ok_stdin(&["apply", "-f", "-"], &pod_yaml("classy", "  runtimeClassName: standard\n", "", "sleep 3600"));
+    node.wait_pod("classy", 60, "Running", running);
+    node.ok_stdin(&["apply", "-f", "-"], &pod_yaml("unhandled", "  runtimeClassName: absent\n", "", "sleep 3600"));
+    eventually(30, || {
+        let events = node.ok(&["get", "events", "--field-selector", "involvedObject.name=unhandled"]);
+        (events.contains("FailedCreatePodSandBox") && events.contains("nvidia")).then_some(())
+    });
+    node.ok(&["delete", "pod", "classy", "unhandled", "--wait=false"]);
 }
 
 /// `GET path` on the node endpoint at 127.0.0.1:`port` (see [`https_request`]).

@@ -32,6 +32,9 @@ pub trait PodApi: Send + Sync + 'static {
     fn objects<'a>(&'a self, pod: &'a Pod, wanted: Wanted<'a>) -> BoxFuture<'a, Result<Fetched, kube::Error>>;
     /// Records an event about the pod; never blocks.
     fn event(&self, pod: &Pod, kind: EventType, reason: &str, message: String);
+    /// The CRI runtime handler of a RuntimeClass (kubelet's `LookupRuntimeHandler`); the error says why
+    /// there is none.
+    fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<String, String>>;
 }
 
 /// [`PodApi`] over the cluster's client, reporting events as `kubelet` from this node.
@@ -87,6 +90,17 @@ impl PodApi for ClientApi {
 
     fn objects<'a>(&'a self, pod: &'a Pod, wanted: Wanted<'a>) -> BoxFuture<'a, Result<Fetched, kube::Error>> {
         Box::pin(async move { objects::fetch(&self.client, pod, &wanted).await })
+    }
+
+    fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let classes: Api<k8s_openapi::api::node::v1::RuntimeClass> = Api::all(self.client.clone());
+            match classes.get(class).await {
+                Ok(rc) => Ok(rc.handler),
+                Err(kube::Error::Api(s)) => Err(s.message),
+                Err(e) => Err(format!("failed to get RuntimeClass: {e}")),
+            }
+        })
     }
 
     fn event(&self, pod: &Pod, kind: EventType, reason: &str, message: String) {

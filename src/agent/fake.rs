@@ -392,4 +392,9 @@ impl PodApi for FakeApi {
     fn event(&self, _: &Pod, _: EventType, reason: &str, message: String) {
         self.lock().push(Written::Event { reason: reason.into(), message });
     }
+
+    /// Every class runs under the handler of its name.
+    fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move { Ok(class.to_string()) })
+    }
 }

@@ -415,8 +415,23 @@ impl Worker {
                     );
                 }
                 let config = spec::sandbox_config(&pod, attempt, &self.ctx.log_dir(&pod), cgroup_parent.clone());
-                // No RuntimeClass objects are served yet: the class name is the runtime handler.
-                let handler = spec.runtime_class_name.clone().unwrap_or_default();
+                let handler = match spec.runtime_class_name.as_deref().filter(|c| !c.is_empty()) {
+                    None => Ok(String::new()),
+                    Some(class) => self.ctx.api.runtime_handler(class).await,
+                };
+                let handler = match handler {
+                    Ok(h) => h,
+                    Err(e) => {
+                        self.event(
+                            EventType::Warning,
+                            "FailedCreatePodSandBox",
+                            format!("Failed to create pod sandbox: {e}"),
+                        );
+                        self.publish(&rt).await;
+                        self.due_at(Instant::now() + RETRY);
+                        return Ok(false);
+                    }
+                };
                 let (metadata, labels) = (config.metadata.clone(), config.labels.clone());
                 match self
                     .ctx

@@ -107,8 +107,9 @@ fn error_policy<R: Reconciler>(obj: Arc<R::Object>, error: &Error, ctx: Arc<Ctx<
     let count = failures.entry(key.clone()).or_default();
     *count += 1;
     let delay = backoff(*count);
-    // A conflict is someone else's newer write: retried at once, not worth a warning.
-    if error.code() == Some(409) {
+    // A conflict is someone else's newer write, and a 404 mostly an object deleted meanwhile (the
+    // retry finds it gone): retried, not worth a warning.
+    if matches!(error.code(), Some(409 | 404)) {
         tracing::debug!("{} controller: {key}: {error}; retrying in {delay:?}", R::NAME);
     } else {
         tracing::warn!("{} controller: {key}: {error}; retrying in {delay:?}", R::NAME);

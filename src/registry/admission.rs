@@ -1,16 +1,19 @@
 //! The admission plugins that look at other objects than the one written (those that need only the
 //! object itself are in its kind's strategy): `DefaultStorageClass` (a claim without a class gets the
-//! default one) and `PersistentVolumeClaimResize` (a claim may grow only when its class allows).
+//! default one), `PersistentVolumeClaimResize` (a claim may grow only when its class allows) and
+//! `RuntimeClass` (a pod's class must exist; its overhead and scheduling constraints go into the pod).
 
 use serde_json::Value;
 
 use super::error::{Result, StatusError};
 use super::kinds::storage::{is_default_class, storage_bytes};
 use super::{Registry, Resource};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Toleration};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 const CLAIMS: &str = "persistentvolumeclaims";
+const PODS: &str = "pods";
 const BETA_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
 
 impl Registry {
@@ -24,11 +27,88 @@ impl Registry {
             .collect()
     }
 
-    /// Mutating admission of a create, before the kind's defaults and validation.
-    pub(super) fn admit_create_with_others(&self, r: &Resource, obj: &mut Value) {
-        if r.info().plural == CLAIMS && r.info().group.is_empty() {
-            self.default_storage_class(obj);
+    fn runtime_class(&self, name: &str) -> Option<RuntimeClass> {
+        let r = self.find("node.k8s.io", "v1", "runtimeclasses")?;
+        let obj = self.store().get(&Self::key(&r, None, name))?;
+        serde_json::from_slice(&obj.data).ok()
+    }
+
+    /// Admission of a create, before the kind's defaults and validation.
+    pub(super) fn admit_create_with_others(&self, r: &Resource, obj: &mut Value) -> Result<()> {
+        if r.info().group.is_empty() {
+            match r.info().plural {
+                CLAIMS => self.default_storage_class(obj),
+                PODS => return self.admit_runtime_class(r, obj),
+                _ => {}
+            }
         }
+        Ok(())
+    }
+
+    /// `RuntimeClass`: the pod's class must exist; its `overhead.podFixed` becomes the pod's
+    /// `spec.overhead` (which the pod may not set otherwise), its `scheduling` is merged into the pod's
+    /// node selector (a conflicting key refuses the pod) and tolerations.
+    fn admit_runtime_class(&self, r: &Resource, pod: &mut Value) -> Result<()> {
+        let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let forbid = |msg: String| Err(StatusError::forbidden(&r.info().group_resource(), &name, msg));
+        let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
+        let overhead = spec.get("overhead").filter(|o| !o.is_null()).cloned();
+        let Some(class) = spec.get("runtimeClassName").and_then(Value::as_str).map(str::to_string) else {
+            if overhead.is_some() {
+                return forbid(
+                    "pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".into(),
+                );
+            }
+            return Ok(());
+        };
+        let Some(rc) = self.runtime_class(&class) else {
+            return forbid(format!("pod rejected: RuntimeClass \"{class}\" not found"));
+        };
+        match rc.overhead.and_then(|o| o.pod_fixed) {
+            Some(fixed) => {
+                let fixed = serde_json::to_value(fixed).unwrap_or_default();
+                if overhead.as_ref().is_some_and(|o| !same_quantities(o, &fixed)) {
+                    return forbid("pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead".into());
+                }
+                spec.insert("overhead".into(), fixed);
+            }
+            None if overhead.is_some() => {
+                return forbid(
+                    "pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".into(),
+                );
+            }
+            None => {}
+        }
+        let Some(scheduling) = rc.scheduling else { return Ok(()) };
+        let selector = spec.entry("nodeSelector").or_insert_with(|| Value::Object(Default::default()));
+        if let Some(selector) = selector.as_object_mut() {
+            for (key, value) in scheduling.node_selector.unwrap_or_default() {
+                match selector.get(&key).and_then(Value::as_str) {
+                    Some(pod_value) if pod_value != value => {
+                        return forbid(format!(
+                            "conflict: runtimeClass.scheduling.nodeSelector[{key}] = {value}; pod.spec.nodeSelector[{key}] = {pod_value}"
+                        ));
+                    }
+                    _ => {
+                        selector.insert(key, Value::String(value));
+                    }
+                }
+            }
+        }
+        if selector.as_object().is_some_and(|s| s.is_empty()) {
+            spec.remove("nodeSelector");
+        }
+        let mut tolerations: Vec<Toleration> =
+            spec.get("tolerations").and_then(|t| serde_json::from_value(t.clone()).ok()).unwrap_or_default();
+        for t in scheduling.tolerations.unwrap_or_default() {
+            if !tolerations.iter().any(|have| covers(have, &t)) {
+                tolerations.push(t);
+            }
+        }
+        if !tolerations.is_empty() {
+            spec.insert("tolerations".into(), serde_json::to_value(tolerations).unwrap_or_default());
+        }
+        Ok(())
     }
 
     /// Validating admission of an update of the main resource, after the kind's validation.
@@ -95,4 +175,26 @@ impl Registry {
         }
         Ok(())
     }
+}
+
+/// Whether two quantity maps say the same amounts (`1000m` is `1`).
+fn same_quantities(a: &Value, b: &Value) -> bool {
+    let parse = |v: &Value| -> Option<std::collections::BTreeMap<String, i128>> {
+        v.as_object()?
+            .iter()
+            .map(|(k, q)| Some((k.clone(), super::kinds::pod_rules::parse_quantity(q.as_str()?)?)))
+            .collect()
+    };
+    parse(a).is_some_and(|a| Some(a) == parse(b))
+}
+
+/// Whether toleration `have` tolerates everything `t` does (upstream's `MergeTolerations` keeps only
+/// tolerations no other one covers).
+fn covers(have: &Toleration, t: &Toleration) -> bool {
+    let op = |t: &Toleration| t.operator.clone().unwrap_or_else(|| "Equal".into());
+    let key_ok = have.key.as_deref().unwrap_or_default().is_empty() && op(have) == "Exists" || have.key == t.key;
+    let effect_ok = have.effect.as_deref().unwrap_or_default().is_empty() || have.effect == t.effect;
+    let value_ok = op(have) == "Exists" || (op(t) == "Equal" && have.value == t.value);
+    let seconds_ok = have.toleration_seconds.is_none() || have.toleration_seconds == t.toleration_seconds;
+    key_ok && effect_ok && value_ok && seconds_ok
 }

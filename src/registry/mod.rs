@@ -318,7 +318,7 @@ impl Registry {
                 _ => false,
             };
         reset_server_meta(meta, r.generation());
-        self.admit_create_with_others(r, &mut obj);
+        self.admit_create_with_others(r, &mut obj)?;
         let admitted = r.admit_create(obj)?;
         let warnings = Self::unknown_fields(&admitted, opts)?;
         let obj = admitted.object;

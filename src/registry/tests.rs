@@ -393,3 +393,57 @@ async fn storage_kinds_default_protect_and_validate_as_upstream() {
         e.message
     );
 }
+
+#[tokio::test]
+async fn runtime_classes_validate_and_their_pods_get_overhead_and_scheduling() {
+    let (_d, reg) = registry().await;
+    let (classes, pods) = (res(&reg, "node.k8s.io", "runtimeclasses"), res(&reg, "", "pods"));
+    let opts = WriteOptions::default();
+    let class = |name: &str, handler: &str| {
+        json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name}, "handler": handler,
+            "overhead": {"podFixed": {"cpu": "250m", "memory": "64Mi"}},
+            "scheduling": {"nodeSelector": {"gpu": "yes"},
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]}})
+    };
+    let e = reg.create(&classes, None, class("bad", "Not_A_Label"), &opts).await.unwrap_err();
+    assert!(
+        e.message.contains(r#"handler: Invalid value: "Not_A_Label": a lowercase RFC 1123 label"#),
+        "{}",
+        e.message
+    );
+    reg.create(&classes, None, class("nvidia", "nvidia"), &opts).await.unwrap();
+    let e =
+        reg.patch(&classes, None, "nvidia", br#"{"handler":"runc"}"#, PatchType::Merge, None, &opts).await.unwrap_err();
+    assert!(e.message.contains(r#"handler: Invalid value: "runc": field is immutable"#), "{}", e.message);
+
+    let pod = |name: &str, extra: Value| {
+        let mut spec = json!({"containers": [{"name": "c", "image": "busybox"}]});
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+    };
+    let e =
+        reg.create(&pods, Some("default"), pod("p0", json!({"runtimeClassName": "nope"})), &opts).await.unwrap_err();
+    assert_eq!(e.code, 403);
+    assert_eq!(e.message, r#"pods "p0" is forbidden: pod rejected: RuntimeClass "nope" not found"#);
+    let w = reg.create(&pods, Some("default"), pod("p1", json!({"runtimeClassName": "nvidia"})), &opts).await.unwrap();
+    let spec = value(&w.object)["spec"].clone();
+    assert_eq!(spec["overhead"], json!({"cpu": "250m", "memory": "64Mi"}));
+    assert_eq!(spec["nodeSelector"], json!({"gpu": "yes"}));
+    assert!(spec["tolerations"].as_array().unwrap().iter().any(|t| t["key"] == "gpu"), "{spec}");
+    let conflict = pod("p2", json!({"runtimeClassName": "nvidia", "nodeSelector": {"gpu": "no"}}));
+    let e = reg.create(&pods, Some("default"), conflict, &opts).await.unwrap_err();
+    assert!(
+        e.message
+            .ends_with("conflict: runtimeClass.scheduling.nodeSelector[gpu] = yes; pod.spec.nodeSelector[gpu] = no"),
+        "{}",
+        e.message
+    );
+    let e = reg.create(&pods, Some("default"), pod("p3", json!({"overhead": {"cpu": "1"}})), &opts).await.unwrap_err();
+    assert!(
+        e.message.ends_with("pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead"),
+        "{}",
+        e.message
+    );
+    let same = pod("p4", json!({"runtimeClassName": "nvidia", "overhead": {"cpu": "0.25", "memory": "64Mi"}}));
+    reg.create(&pods, Some("default"), same, &opts).await.unwrap();
+}

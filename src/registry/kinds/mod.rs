@@ -8,6 +8,7 @@ mod namespace;
 mod node;
 pub mod pod;
 pub mod pod_rules;
+mod runtime_class;
 pub mod storage;
 
 use std::sync::Arc;
@@ -40,5 +41,6 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(storage::CsiDrivers)),
         Arc::new(Typed::new(storage::CsiNodes)),
         Arc::new(Typed::new(storage::VolumeAttachments)),
+        Arc::new(Typed::new(runtime_class::RuntimeClasses)),
     ]
 }

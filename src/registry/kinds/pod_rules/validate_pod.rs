@@ -513,7 +513,7 @@ pub(super) fn validate_dns_config(spec: &PodSpec, out: &mut ErrorList) {
     }
 }
 
-pub(super) fn validate_tolerations(tolerations: &[Toleration], path: &str, out: &mut ErrorList) {
+pub fn validate_tolerations(tolerations: &[Toleration], path: &str, out: &mut ErrorList) {
     for (i, t) in tolerations.iter().enumerate() {
         let path = index(path, i);
         let (key, operator) = (opt(&t.key), opt(&t.operator));

@@ -3,7 +3,7 @@
 use super::*;
 
 /// `validateResourceRequirements` for containers, the pod level (`pod_level`) and the overhead.
-pub(super) fn validate_requirements(
+pub fn validate_requirements(
     limits: Option<&Quantities>,
     requests: Option<&Quantities>,
     path: &str,
