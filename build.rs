@@ -11,7 +11,7 @@ fn main() {
 /// build needs no protobuf compiler installed; a system one serves where that crate has no binary.
 mod grpc {
     pub fn generate() {
-        const PROTOS: &[&str] = &["proto/csi.proto", "proto/pluginregistration.proto"];
+        const PROTOS: &[&str] = &["proto/csi.proto", "proto/pluginregistration.proto", "proto/deviceplugin.proto"];
         for p in PROTOS {
             println!("cargo:rerun-if-changed={p}");
         }

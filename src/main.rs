@@ -6,6 +6,7 @@ mod cgroups;
 mod client;
 mod controllers;
 mod csi;
+mod devices;
 mod events;
 mod net;
 mod registry;

@@ -123,6 +123,11 @@ pub fn start(
     };
     let csi_drivers = crate::csi::client::Drivers::default();
     let storage = cfg.storage.clone();
+    let devices = crate::devices::Manager::default();
+    let device_dir = crate::devices::plugins_dir(&storage.kubelet_root_dir);
+    if let Err(e) = crate::devices::registration::serve(&device_dir, devices.clone(), shutdown.clone()) {
+        tracing::error!("node agent: device plugins cannot register: {e:#}");
+    }
     let mut settings = pods::Settings {
         node_name: cfg.node_name.clone(),
         node_ip: cfg.node_ip.map(|ip| ip.to_string()),
@@ -141,6 +146,7 @@ pub fn start(
         machine,
         health,
         runtime_health: runtime_health.clone(),
+        devices,
     };
     let first = Arc::new(tokio::sync::Notify::new());
     let registered = first.clone();
@@ -214,6 +220,8 @@ struct Heartbeat {
     machine: Machine,
     health: Arc<Health>,
     runtime_health: Arc<context::RuntimeHealth>,
+    /// The device plugins' resources; a change is reported at once.
+    devices: crate::devices::Manager,
 }
 
 /// Now, in whole seconds (as the API's `Time` is serialized).
@@ -227,9 +235,11 @@ impl Heartbeat {
         let mut tick = tokio::time::interval(STATUS_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reported: Option<(NodeStatus, Instant)> = None;
+        let mut devices = self.devices.changes();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                _ = devices.changed() => {}
                 _ = shutdown.cancelled() => return,
             }
             let mut healthy = true;
@@ -275,6 +285,7 @@ impl Heartbeat {
             not_ready,
             images: &images,
             volumes_in_use: crate::volumes::claims::in_use(&self.cfg.data_dir.join("agent").join("pods")),
+            devices: self.devices.capacity(),
             now: now(),
         };
         // Written on the version read; another writer in between means reading again.

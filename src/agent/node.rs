@@ -170,6 +170,8 @@ pub struct Inputs<'a> {
     pub images: &'a [cri::Image],
     /// The CSI volumes mounted for pods here (`status.volumesInUse`).
     pub volumes_in_use: Vec<String>,
+    /// Device plugins' resources: (devices, healthy devices).
+    pub devices: BTreeMap<String, (i64, i64)>,
     pub now: Time,
 }
 
@@ -224,6 +226,10 @@ pub fn status(inputs: &Inputs, previous: Option<&NodeStatus>) -> NodeStatus {
     );
     allocatable.insert("memory".into(), format!("{}Ki", memory / 1024));
     allocatable.insert("ephemeral-storage".into(), ephemeral.to_string());
+    for (resource, (devices, healthy)) in &inputs.devices {
+        capacity.insert(resource.clone(), devices.to_string());
+        allocatable.insert(resource.clone(), healthy.to_string());
+    }
     let quantities = |m: BTreeMap<String, String>| m.into_iter().map(|(k, v)| (k, Quantity(v))).collect();
 
     let (ready, reason, message) = match &inputs.not_ready {
@@ -353,6 +359,7 @@ mod tests {
             not_ready,
             images: &[],
             volumes_in_use: Vec::new(),
+            devices: BTreeMap::new(),
             now: Time(now.parse().unwrap()),
         }
     }
@@ -390,6 +397,19 @@ mod tests {
         assert_eq!(s["nodeInfo"]["containerRuntimeVersion"], "containerd://1.6.20");
         assert_eq!(s["addresses"][0], json!({"type": "InternalIP", "address": "192.0.2.10"}));
         assert_eq!(s["daemonEndpoints"], json!({"kubeletEndpoint": {"Port": 10250}}));
+    }
+
+    #[test]
+    fn device_plugin_resources_are_capacity_and_healthy_ones_allocatable() {
+        let (m, r) = (machine(), Reserved::default());
+        let mut i = inputs(&m, &r, None, "2026-11-30T00:00:00Z");
+        i.devices = BTreeMap::from([("nvidia.com/gpu".to_string(), (2, 1)), ("example.com/dev".to_string(), (3, 0))]);
+        let s = value(&status(&i, None));
+        assert_eq!((&s["capacity"]["nvidia.com/gpu"], &s["allocatable"]["nvidia.com/gpu"]), (&json!("2"), &json!("1")));
+        assert_eq!(
+            (&s["capacity"]["example.com/dev"], &s["allocatable"]["example.com/dev"]),
+            (&json!("3"), &json!("0"))
+        );
     }
 
     #[test]

@@ -166,7 +166,7 @@ use validate_containers::*;
 use validate_pod::*;
 pub use validate_pod::{validate_ephemeral_containers_update, validate_pod, validate_pod_update, validate_tolerations};
 use validate_probes::*;
-pub use validate_resources::validate_requirements;
+pub use validate_resources::{is_extended_resource, validate_requirements};
 use validate_scheduling::*;
 pub use validate_scheduling::{validate_label_selector, validate_node_selector_term};
 use validate_security::*;

@@ -96,7 +96,7 @@ pub(super) fn is_native_resource(name: &str) -> bool {
     !name.contains('/') || name.contains("kubernetes.io/")
 }
 
-pub(super) fn is_extended_resource(name: &str) -> bool {
+pub fn is_extended_resource(name: &str) -> bool {
     !is_native_resource(name)
         && !name.starts_with("requests.")
         && is_qualified_name(&format!("requests.{name}")).is_empty()
