@@ -1,7 +1,10 @@
 //! End to end: a device plugin written here over the real device-plugin gRPC API registers with a
 //! real cairn (its `kubelet.sock` under `--kubelet-root-dir`), its devices show in the Node's capacity
-//! and allocatable within 5 s, an unhealthy one leaves allocatable, and killing the plugin drops
-//! allocatable to 0 with capacity kept, as kubelet does.
+//! and allocatable within 5 s; pods asking for one device each get different ones (the plugin's
+//! Allocate env and device node are in the container), a third waits `Insufficient`; after kill -9
+//! the containers and their devices stay, and the device freed by a deleted pod goes to the waiting
+//! one; an unhealthy device leaves allocatable, and killing the plugin drops allocatable to 0 with
+//! capacity kept, as kubelet does.
 //!
 //! Needs root, containerd and runc (`.ci/run` installs them).
 
@@ -31,7 +34,8 @@ use futures::StreamExt as _;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use common::eventually;
+use busybox::BUSYBOX;
+use common::{Server, eventually};
 use node::{Node, node_ready};
 use proto::device_plugin_server::{DevicePlugin, DevicePluginServer};
 
@@ -77,8 +81,30 @@ impl DevicePlugin for Plugin {
         Err(Status::unimplemented("not offered"))
     }
 
-    async fn allocate(&self, _: Request<proto::AllocateRequest>) -> Result<Response<proto::AllocateResponse>, Status> {
-        Err(Status::unimplemented("no pod asks in this test"))
+    /// `DEV=<IDs>` and the device node `/dev/fake-<ID>` (the host's /dev/null) per device.
+    async fn allocate(
+        &self,
+        req: Request<proto::AllocateRequest>,
+    ) -> Result<Response<proto::AllocateResponse>, Status> {
+        let container_responses = req
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|c| proto::ContainerAllocateResponse {
+                envs: [("DEV".to_string(), c.devices_ids.join(","))].into(),
+                devices: c
+                    .devices_ids
+                    .iter()
+                    .map(|id| proto::DeviceSpec {
+                        container_path: format!("/dev/fake-{id}"),
+                        host_path: "/dev/null".into(),
+                        permissions: "rw".into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(proto::AllocateResponse { container_responses }))
     }
 
     async fn pre_start_container(
@@ -89,30 +115,54 @@ impl DevicePlugin for Plugin {
     }
 }
 
-fn resource(node: &Node, field: &str) -> String {
-    node.ok(&["get", "nodes", "-o", &format!("jsonpath={{.items[0].status.{field}.example\\.com/dev}}")])
+/// A busybox pod asking for one device. It is stopped by the node before its object goes (a grace
+/// period of 0 would delete the object at once, and the next pod would be bound while the node
+/// still runs this one, as upstream).
+fn pod(name: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources: {{limits: {{example.com/dev: 1}}}}
+"#
+    )
 }
 
-#[test]
-fn an_external_device_plugin_registers_and_its_devices_are_advertised() {
-    let node = Node::start(CIDR);
-    eventually(60, || node_ready(&node));
-    let dir = node.dir.path().join("kubelet/device-plugins");
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (devices, listed) = watch::channel(vec![("dev-a".to_string(), true), ("dev-b".to_string(), true)]);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let _entered = runtime.enter();
-    let socket = dir.join("example.sock");
-    let _ = std::fs::remove_file(&socket);
-    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    let plugin = runtime.spawn(
-        tonic::transport::Server::builder()
-            .add_service(DevicePluginServer::new(Plugin { devices: listed }))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                stop.clone().cancelled_owned(),
-            ),
+fn get(node: &Server, what: &str, path: &str) -> String {
+    node.ok(&["get", what, "-o", &format!("jsonpath={path}")])
+}
+
+fn running(node: &Server, name: &str) {
+    for _ in 0..600 {
+        if get(node, &format!("pod/{name}"), "{.status.phase}") == "Running" {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!(
+        "pod {name} is not Running\n{}\n--- server log ---\n{}",
+        node.ok(&["get", "events", "--field-selector", &format!("involvedObject.name={name}")]),
+        node.log()
     );
+}
+
+/// The device the pod's container was given, checked against what it sees.
+fn device_of(node: &Server, pod: &str) -> String {
+    let dev = node.ok(&["exec", pod, "--", "sh", "-c", "echo $DEV"]).trim().to_string();
+    let nodes = node.ok(&["exec", pod, "--", "sh", "-c", "ls /dev | grep fake-"]);
+    assert_eq!(nodes.trim(), format!("fake-{dev}"), "exactly its own device node");
+    dev
+}
+
+/// Registers the plugin at `example.sock` with the node's device manager.
+fn register(runtime: &tokio::runtime::Runtime, dir: &std::path::Path) {
     runtime.block_on(async {
         let channel = cri::connect(&dir.join("kubelet.sock"))
             .await
@@ -128,16 +178,76 @@ fn an_external_device_plugin_registers_and_its_devices_are_advertised() {
             .await
             .expect("registered");
     });
+}
+
+fn resource(node: &Server, field: &str) -> String {
+    node.ok(&["get", "nodes", "-o", &format!("jsonpath={{.items[0].status.{field}.example\\.com/dev}}")])
+}
+
+#[test]
+fn an_external_device_plugin_registers_and_its_devices_go_to_one_pod_each() {
+    let mut node = Node::start(CIDR);
+    eventually(60, || node_ready(&node));
+    let dir = node.dir.path().join("kubelet/device-plugins");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _entered = runtime.enter();
+    let (devices, listed) = watch::channel(vec![("dev-a".to_string(), true), ("dev-b".to_string(), true)]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let socket = dir.join("example.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let plugin = runtime.spawn(
+        tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(Plugin { devices: listed }))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                stop.clone().cancelled_owned(),
+            ),
+    );
+    register(&runtime, &dir);
     let registered = Instant::now();
     eventually(5, || (resource(&node, "allocatable") == "2").then_some(()));
     eprintln!("advertised {:?} after registering", registered.elapsed());
     assert_eq!(resource(&node, "capacity"), "2");
 
+    // One device each; the third pod waits for one.
+    node.ok_stdin(&["apply", "-f", "-"], &pod("one"));
+    node.ok_stdin(&["apply", "-f", "-"], &pod("two"));
+    running(&node, "one");
+    running(&node, "two");
+    let (first, second) = (device_of(&node, "one"), device_of(&node, "two"));
+    assert_ne!(first, second);
+    node.ok_stdin(&["apply", "-f", "-"], &pod("three"));
+    eventually(30, || {
+        let events = node.ok(&["get", "events", "--field-selector", "involvedObject.name=three"]);
+        events.contains("0/1 nodes are available: 1 Insufficient example.com/dev.").then_some(())
+    });
+    assert!(dir.join("kubelet_internal_checkpoint").exists());
+
+    // kill -9: the same containers keep the same devices; the plugin registers again, as plugins do
+    // when kubelet.sock is made anew.
+    let containers = |node: &Server| {
+        ["one", "two"].map(|p| get(node, &format!("pod/{p}"), "{.status.containerStatuses[0].containerID}"))
+    };
+    let before = containers(&node);
+    node.restart_after_kill9();
+    eventually(60, || node_ready(&node));
+    register(&runtime, &dir);
+    eventually(10, || (resource(&node, "allocatable") == "2").then_some(()));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(containers(&node), before);
+    assert_eq!((device_of(&node, "one"), device_of(&node, "two")), (first.clone(), second));
+    assert_eq!(get(&node, "pod/three", "{.status.phase}"), "Pending");
+    // The first pod goes: its device is the waiting pod's.
+    node.ok(&["delete", "pod", "one"]);
+    running(&node, "three");
+    assert_eq!(device_of(&node, "three"), first);
+    node.ok(&["delete", "pod", "two", "three", "--wait=false"]);
+
+    // Health: an unhealthy device leaves allocatable; the plugin killed leaves capacity only.
     devices.send_replace(vec![("dev-a".to_string(), true), ("dev-b".to_string(), false)]);
     eventually(5, || (resource(&node, "allocatable") == "1").then_some(()));
     assert_eq!(resource(&node, "capacity"), "2");
-
-    // The plugin is killed: its devices stay in capacity, none is allocatable.
     stop.cancel();
     drop(devices);
     runtime.block_on(plugin).unwrap().unwrap();

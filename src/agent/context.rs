@@ -74,6 +74,9 @@ pub enum SetupError {
     Env(#[from] EnvError),
     #[error("creating {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    /// A device plugin could not give the container its devices.
+    #[error("{0}")]
+    Devices(String),
 }
 
 /// Where this node keeps its pods, and what it knows of itself.
@@ -93,6 +96,8 @@ pub struct Host {
     /// The CSI drivers registered on this node, and kubelet's plugin directories.
     pub csi_drivers: crate::csi::client::Drivers,
     pub plugin_dirs: crate::csi::PluginDirs,
+    /// The device plugins' resources and what each container was given of them.
+    pub devices: crate::devices::Manager,
 }
 
 impl Host {
@@ -265,7 +270,20 @@ impl Ctx {
             Some(cg) => cg.container_resources(pod, c, self.host.memory_capacity),
             None => cgroups::container_resources(pod, c, self.host.memory_capacity),
         };
-        Ok(spec::ContainerInputs { restart_count, env, mounts, resources })
+        let devices =
+            self.host.devices.container_devices(spec::uid(pod), &c.name).await.map_err(SetupError::Devices)?;
+        let mut env = env;
+        env.extend(devices.envs);
+        mounts.extend(devices.mounts);
+        Ok(spec::ContainerInputs {
+            restart_count,
+            env,
+            mounts,
+            resources,
+            devices: devices.devices,
+            annotations: devices.annotations,
+            cdi_devices: devices.cdi_devices,
+        })
     }
 
     /// Registry credentials for `image` from the pod's `imagePullSecrets` (`.dockerconfigjson` or

@@ -123,8 +123,11 @@ pub fn start(
     };
     let csi_drivers = crate::csi::client::Drivers::default();
     let storage = cfg.storage.clone();
-    let devices = crate::devices::Manager::default();
     let device_dir = crate::devices::plugins_dir(&storage.kubelet_root_dir);
+    if let Err(e) = std::fs::create_dir_all(&device_dir) {
+        tracing::error!("node agent: creating {}: {e}", device_dir.display());
+    }
+    let devices = crate::devices::Manager::new(&device_dir);
     if let Err(e) = crate::devices::registration::serve(&device_dir, devices.clone(), shutdown.clone()) {
         tracing::error!("node agent: device plugins cannot register: {e:#}");
     }
@@ -137,6 +140,7 @@ pub fn start(
         memory_capacity: machine.memory_bytes,
         csi_drivers: csi_drivers.clone(),
         plugin_dirs: storage.plugin_dirs(),
+        devices: devices.clone(),
     };
     let heartbeat = Heartbeat {
         nodes: Api::all(client.clone()),

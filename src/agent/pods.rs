@@ -47,6 +47,7 @@ pub struct Settings {
     pub memory_capacity: u64,
     pub csi_drivers: crate::csi::client::Drivers,
     pub plugin_dirs: crate::csi::PluginDirs,
+    pub devices: crate::devices::Manager,
 }
 
 struct Handle {
@@ -115,6 +116,7 @@ pub fn start(
         runtime_name: settings.runtime_name,
         csi_drivers: settings.csi_drivers,
         plugin_dirs: settings.plugin_dirs,
+        devices: settings.devices,
     };
     let api = Arc::new(ClientApi::new(client.clone(), settings.node_name));
     let probes = ProbeManager::new(exec.clone(), probe_tx);
@@ -212,6 +214,8 @@ impl Pods {
                     for pod in gone {
                         self.on_removed(pod);
                     }
+                    // Devices checkpointed for pods deleted while the node was away are free.
+                    self.ctx.host.devices.retain(&listed);
                     if !ready {
                         ready = true;
                         self.housekeeping().await;
@@ -243,8 +247,18 @@ impl Pods {
             return;
         }
         let active = !is_finished(&pod) && pod.metadata.deletion_timestamp.is_none();
+        if is_finished(&pod) {
+            // Finished while the node was away: what it held is free.
+            self.ctx.host.devices.release(&uid);
+        }
         let info = Arc::new(PodInfo::from_pod(&pod));
-        if active && let Some((reason, message)) = self.admit(&info, &workers) {
+        let rejected = || {
+            self.admit(&info, &workers).or_else(|| {
+                let devices = self.ctx.host.devices.admit(&pod);
+                devices.err().map(|message| ("UnexpectedAdmissionError".to_string(), message))
+            })
+        };
+        if active && let Some((reason, message)) = rejected() {
             drop(workers);
             self.reject(pod, reason, message);
             return;
@@ -259,6 +273,7 @@ impl Pods {
             worker.run(shutdown).await;
             // Only now is the pod forgotten: housekeeping leaves a terminating pod alone.
             manager.workers().remove(&key);
+            manager.ctx.host.devices.release(&key);
         });
         workers.insert(uid, Handle { tx, wake, info, stopped });
         drop(workers);
@@ -302,7 +317,9 @@ impl Pods {
             return Some(insufficient("pods", 1, admitted.len() as i64, allocatable.pods));
         }
         let mut names = vec!["cpu".to_string(), "memory".into(), "ephemeral-storage".into()];
-        names.extend(pod.requests.scalar.keys().cloned());
+        // upstream's `removeMissingExtendedResources`: a resource the Node does not list (a device
+        // plugin not registered again yet after a restart) was the scheduler's to check.
+        names.extend(pod.requests.scalar.keys().filter(|n| allocatable.scalar.contains_key(*n)).cloned());
         for name in &names {
             let requested = pod.requests.get(name);
             if requested == 0 {

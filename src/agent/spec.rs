@@ -313,6 +313,10 @@ pub struct ContainerInputs {
     pub env: Vec<(String, String)>,
     pub mounts: Vec<cri::Mount>,
     pub resources: cri::LinuxContainerResources,
+    /// What device plugins give the container: device nodes, runtime annotations, CDI devices.
+    pub devices: Vec<cri::Device>,
+    pub annotations: Vec<(String, String)>,
+    pub cdi_devices: Vec<cri::CdiDevice>,
 }
 
 /// The container configuration of `c` in `pod`.
@@ -336,6 +340,7 @@ pub fn container_config(pod: &Pod, c: &Container, inputs: ContainerInputs) -> cr
         ),
         (keys::TERMINATION_GRACE.to_string(), grace.to_string()),
     ]);
+    annotations.extend(inputs.annotations.iter().cloned());
     if let Some(pre_stop) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref())
         && let Ok(json) = serde_json::to_string(pre_stop)
     {
@@ -349,6 +354,8 @@ pub fn container_config(pod: &Pod, c: &Container, inputs: ContainerInputs) -> cr
         working_dir: c.working_dir.clone().unwrap_or_default(),
         envs: inputs.env.iter().map(|(key, value)| cri::KeyValue { key: key.clone(), value: value.clone() }).collect(),
         mounts: inputs.mounts,
+        devices: inputs.devices,
+        cdi_devices: inputs.cdi_devices,
         labels,
         annotations,
         log_path: log_path(&c.name, inputs.restart_count),
@@ -408,6 +415,9 @@ mod tests {
             env: vec![("GREETING".into(), "hi".into())],
             mounts: vec![],
             resources: Default::default(),
+            devices: Vec::new(),
+            annotations: Vec::new(),
+            cdi_devices: Vec::new(),
         };
         let cfg = container_config(&p, c, inputs);
         assert_eq!(cfg.command, ["echo", "hi", "$(x)"]);

@@ -219,6 +219,8 @@ impl Worker {
             }
             self.stage = Stage::Terminated;
             self.stopped.store(true, Ordering::Relaxed);
+            // Nothing runs any more: its devices are free.
+            self.ctx.host.devices.release(&self.uid);
         }
         if deleting && self.unpublished {
             // The final status must be written before the pod object goes.

@@ -3,7 +3,14 @@
 //! node follows each plugin's ListAndWatch stream (`registration.rs`), and the Node advertises each
 //! resource: capacity = every device the plugin listed, allocatable = the healthy ones. A plugin that
 //! goes away leaves its devices unhealthy (capacity kept, allocatable 0), as upstream.
+//!
+//! Allocation (`allocate.rs`): a pod is admitted only when every container gets the devices it asks
+//! for (healthy, held by no other active pod; init containers' devices reused by the app containers);
+//! the plugin's Allocate answer is asked for when the container is first created, and both are
+//! checkpointed (`<device-plugins>/kubelet_internal_checkpoint`), so a restarted node gives running
+//! containers the same devices and never gives a device to two pods.
 
+mod allocate;
 pub mod registration;
 #[cfg(test)]
 mod tests;
@@ -28,30 +35,62 @@ pub fn plugins_dir(kubelet_root_dir: &std::path::Path) -> PathBuf {
     kubelet_root_dir.join("device-plugins")
 }
 
-/// One resource's devices (ID → healthy) and whether its plugin is connected.
+/// One resource's devices (ID → healthy) and its plugin, while connected.
 #[derive(Debug, Default, Clone)]
 struct Resource {
     devices: BTreeMap<String, bool>,
     /// Bumped at every registration, so that an old plugin's stream ending does not touch its successor.
     generation: u64,
+    plugin: Option<proto::device_plugin_client::DevicePluginClient<tonic::transport::Channel>>,
+    pre_start_required: bool,
 }
 
-/// The resources the node's device plugins offer, and a signal of each change. Cheap to clone.
+#[derive(Default)]
+struct State {
+    resources: BTreeMap<String, Resource>,
+    assignments: allocate::Assignments,
+}
+
+impl std::ops::Deref for State {
+    type Target = BTreeMap<String, Resource>;
+    fn deref(&self) -> &Self::Target {
+        &self.resources
+    }
+}
+
+impl std::ops::DerefMut for State {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.resources
+    }
+}
+
+/// The resources the node's device plugins offer, what is assigned to which container, and a signal
+/// of each change of the resources. Cheap to clone.
 #[derive(Clone)]
 pub struct Manager {
-    resources: Arc<Mutex<BTreeMap<String, Resource>>>,
+    state: Arc<Mutex<State>>,
     changed: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Where assignments are checkpointed (none in unit tests).
+    checkpoint: Option<PathBuf>,
 }
 
 impl Default for Manager {
     fn default() -> Self {
-        Manager { resources: Arc::default(), changed: Arc::new(tokio::sync::watch::Sender::new(0)) }
+        Manager { state: Arc::default(), changed: Arc::new(tokio::sync::watch::Sender::new(0)), checkpoint: None }
     }
 }
 
 impl Manager {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Resource>> {
-        self.resources.lock().unwrap_or_else(|e| e.into_inner())
+    /// A manager checkpointing under `dir`, with the assignments checkpointed there before.
+    pub fn new(dir: &std::path::Path) -> Self {
+        let checkpoint = dir.join(allocate::CHECKPOINT);
+        let assignments = allocate::load(&checkpoint);
+        let state = State { resources: BTreeMap::new(), assignments };
+        Manager { state: Arc::new(Mutex::new(state)), checkpoint: Some(checkpoint), ..Default::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn notify(&self) {
@@ -59,11 +98,25 @@ impl Manager {
     }
 
     /// A plugin registered for `resource`: its generation, for the stream it opens.
-    fn registered(&self, resource: &str) -> u64 {
+    fn registered(&self, resource: &str, pre_start_required: bool) -> u64 {
         let mut all = self.lock();
         let r = all.entry(resource.to_string()).or_default();
         r.generation += 1;
+        r.pre_start_required = pre_start_required;
+        r.plugin = None;
         r.generation
+    }
+
+    /// The plugin of `generation` is connected: its client, for Allocate and PreStartContainer.
+    fn connected(
+        &self,
+        resource: &str,
+        generation: u64,
+        client: proto::device_plugin_client::DevicePluginClient<tonic::transport::Channel>,
+    ) {
+        if let Some(r) = self.lock().get_mut(resource).filter(|r| r.generation == generation) {
+            r.plugin = Some(client);
+        }
     }
 
     /// A ListAndWatch answer of the plugin of `generation`: the resource's whole device list.
@@ -85,6 +138,7 @@ impl Manager {
             let mut all = self.lock();
             let Some(r) = all.get_mut(resource).filter(|r| r.generation == generation) else { return };
             r.devices.values_mut().for_each(|healthy| *healthy = false);
+            r.plugin = None;
         }
         self.notify();
     }

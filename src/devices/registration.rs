@@ -59,7 +59,8 @@ impl proto::registration_server::Registration for Registrar {
                 self.dir.display()
             )));
         }
-        let generation = self.manager.registered(&req.resource_name);
+        let pre_start = req.options.as_ref().is_some_and(|o| o.pre_start_required);
+        let generation = self.manager.registered(&req.resource_name, pre_start);
         tracing::info!("device plugin for {} registered at {}", req.resource_name, req.endpoint);
         tokio::spawn(follow(
             self.manager.clone(),
@@ -77,6 +78,7 @@ async fn follow(manager: Manager, resource: String, endpoint: PathBuf, generatio
     let listed = async {
         let channel = crate::runtime::cri::connect(&endpoint).await.map_err(|e| e.to_string())?;
         let mut client = DevicePluginClient::new(channel);
+        manager.connected(&resource, generation, client.clone());
         let mut stream =
             client.list_and_watch(proto::Empty {}).await.map_err(|e| e.message().to_string())?.into_inner();
         while let Some(answer) = stream.message().await.map_err(|e| e.message().to_string())? {

@@ -52,8 +52,26 @@ impl DevicePlugin for Plugin {
         Err(Status::unimplemented("not offered"))
     }
 
-    async fn allocate(&self, _: Request<proto::AllocateRequest>) -> Result<Response<proto::AllocateResponse>, Status> {
-        Err(Status::unimplemented("not in this test"))
+    /// Each container gets `DEVICES=<its IDs>` and the device node `/dev/<first ID>`.
+    async fn allocate(
+        &self,
+        req: Request<proto::AllocateRequest>,
+    ) -> Result<Response<proto::AllocateResponse>, Status> {
+        let container_responses = req
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|c| proto::ContainerAllocateResponse {
+                envs: [("DEVICES".to_string(), c.devices_ids.join(","))].into(),
+                devices: vec![proto::DeviceSpec {
+                    container_path: format!("/dev/{}", c.devices_ids[0]),
+                    host_path: "/dev/null".into(),
+                    permissions: "rw".into(),
+                }],
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(proto::AllocateResponse { container_responses }))
     }
 
     async fn pre_start_container(
@@ -76,22 +94,40 @@ async fn until(manager: &Manager, want: &[(&str, (i64, i64))]) {
     .unwrap_or_else(|_| panic!("wanted {want:?}, have {:?}", manager.capacity()));
 }
 
+/// Serves the fake plugin on `<dir>/fake.sock` until `stop`; the sender feeds its ListAndWatch.
+fn start_plugin(
+    dir: &std::path::Path,
+    stop: &CancellationToken,
+) -> (mpsc::Sender<Listing>, tokio::task::JoinHandle<Result<(), tonic::transport::Error>>) {
+    let (tx, rx) = mpsc::channel(4);
+    let listener = crate::csi::bind_socket(&dir.join("fake.sock")).unwrap();
+    let server = tonic::transport::Server::builder()
+        .add_service(proto::device_plugin_server::DevicePluginServer::new(Plugin(std::sync::Mutex::new(Some(rx)))))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            stop.clone().cancelled_owned(),
+        );
+    (tx, tokio::spawn(server))
+}
+
+async fn register(dir: &std::path::Path, resource: &str) {
+    let channel = crate::runtime::cri::connect(&dir.join("kubelet.sock")).await.unwrap();
+    let req = proto::RegisterRequest {
+        version: "v1beta1".into(),
+        endpoint: "fake.sock".into(),
+        resource_name: resource.into(),
+        options: None,
+    };
+    RegistrationClient::new(channel).register(req).await.unwrap();
+}
+
 #[tokio::test]
 async fn plugins_register_and_their_devices_become_capacity_and_allocatable() {
     let dir = tempfile::tempdir().unwrap();
     let (manager, shutdown) = (Manager::default(), CancellationToken::new());
     registration::serve(dir.path(), manager.clone(), shutdown.clone()).unwrap();
-
-    let (tx, rx) = mpsc::channel(4);
     let plugin_stop = CancellationToken::new();
-    let listener = crate::csi::bind_socket(&dir.path().join("fake.sock")).unwrap();
-    let server = tonic::transport::Server::builder()
-        .add_service(proto::device_plugin_server::DevicePluginServer::new(Plugin(std::sync::Mutex::new(Some(rx)))))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
-            plugin_stop.clone().cancelled_owned(),
-        );
-    let served = tokio::spawn(server);
+    let (tx, served) = start_plugin(dir.path(), &plugin_stop);
 
     let channel = crate::runtime::cri::connect(&dir.path().join("kubelet.sock")).await.unwrap();
     let mut registration = RegistrationClient::new(channel);
@@ -119,5 +155,72 @@ async fn plugins_register_and_their_devices_become_capacity_and_allocatable() {
     plugin_stop.cancel();
     until(&manager, &[("example.com/dev", (2, 0))]).await;
     let _ = served.await;
+    shutdown.cancel();
+}
+
+fn pod(uid: &str, init: &[usize], app: &[usize]) -> k8s_openapi::api::core::v1::Pod {
+    let container = |prefix: &str, i: usize, n: &usize| {
+        serde_json::json!({"name": format!("{prefix}{i}"), "image": "i",
+            "resources": {"limits": {"example.com/dev": n.to_string()}}})
+    };
+    let init: Vec<_> = init.iter().enumerate().map(|(i, n)| container("init", i, n)).collect();
+    let app: Vec<_> = app.iter().enumerate().map(|(i, n)| container("app", i, n)).collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": uid, "namespace": "default", "uid": uid},
+        "spec": {"initContainers": init, "containers": app},
+    }))
+    .unwrap()
+}
+
+async fn devices_env(manager: &Manager, uid: &str, container: &str) -> String {
+    let got = manager.container_devices(uid, container).await.unwrap();
+    got.envs.into_iter().find(|(k, _)| k == "DEVICES").map(|(_, v)| v).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn each_device_goes_to_one_pod_init_devices_are_reused_and_assignments_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, shutdown) = (Manager::new(dir.path()), CancellationToken::new());
+    registration::serve(dir.path(), manager.clone(), shutdown.clone()).unwrap();
+    let stop = CancellationToken::new();
+    let (tx, _served) = start_plugin(dir.path(), &stop);
+    register(dir.path(), "example.com/dev").await;
+    tx.send(vec![("a", "Healthy"), ("b", "Healthy")]).await.unwrap();
+    until(&manager, &[("example.com/dev", (2, 2))]).await;
+
+    manager.admit(&pod("p1", &[], &[1])).unwrap();
+    manager.admit(&pod("p2", &[], &[1])).unwrap();
+    let (one, two) = (devices_env(&manager, "p1", "app0").await, devices_env(&manager, "p2", "app0").await);
+    assert!(one != two && [&one, &two].iter().all(|d| *d == "a" || *d == "b"), "{one} {two}");
+    let got = manager.container_devices("p1", "app0").await.unwrap();
+    assert_eq!(got.devices[0].container_path, format!("/dev/{one}"));
+    assert_eq!(
+        manager.admit(&pod("p3", &[], &[1])).unwrap_err(),
+        "Allocate failed due to requested number of devices unavailable for example.com/dev. Requested: 1, Available: 0, which is unexpected"
+    );
+    // Admitted again (a relist), a pod keeps what it has.
+    manager.admit(&pod("p1", &[], &[1])).unwrap();
+    assert_eq!(devices_env(&manager, "p1", "app0").await, one);
+
+    // The checkpoint: a restarted node gives the same devices (with the plugin's kept answer), and
+    // still none twice.
+    let restarted = Manager::new(dir.path());
+    let generation = restarted.registered("example.com/dev", false);
+    restarted.listed("example.com/dev", generation, [("a".to_string(), true), ("b".to_string(), true)].into());
+    assert!(restarted.admit(&pod("p3", &[], &[1])).unwrap_err().contains("Available: 0"));
+    restarted.admit(&pod("p1", &[], &[1])).unwrap();
+    assert_eq!(devices_env(&restarted, "p1", "app0").await, one);
+    drop(restarted);
+
+    // Released devices go to the next pod; an init container's device is reused by the app container.
+    manager.release("p1");
+    manager.release("p2");
+    manager.admit(&pod("p4", &[1], &[1])).unwrap();
+    assert_eq!(devices_env(&manager, "p4", "init0").await, devices_env(&manager, "p4", "app0").await);
+    manager.admit(&pod("p5", &[], &[1])).unwrap();
+    assert_ne!(devices_env(&manager, "p5", "app0").await, devices_env(&manager, "p4", "app0").await);
+    let checkpointed = std::fs::read_to_string(dir.path().join("kubelet_internal_checkpoint")).unwrap();
+    assert!(checkpointed.contains("\"p4\"") && checkpointed.contains("\"p5\"") && !checkpointed.contains("\"p1\""));
+    stop.cancel();
     shutdown.cancel();
 }

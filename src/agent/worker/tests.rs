@@ -78,6 +78,7 @@ fn start(runtime: Arc<FakeRuntime>, pod: Pod) -> Harness {
         runtime_name: "containerd".into(),
         csi_drivers: Default::default(),
         plugin_dirs: crate::csi::PluginDirs { root: dir.path().join("kubelet") },
+        devices: Default::default(),
     };
     let probes = ProbeManager::new(exec.clone(), probe_tx);
     let health = Arc::new(RuntimeHealth::default());
