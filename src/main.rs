@@ -229,6 +229,10 @@ struct ServerArgs {
     /// Port of the node agent's /healthz on 127.0.0.1 (0 turns it off)
     #[arg(long, default_value_t = 10248)]
     healthz_port: u16,
+    /// Devices to offer as a resource, one unit per matching device node, e.g.
+    /// cairn.io/serial=/dev/ttyUSB* (repeatable)
+    #[arg(long = "device", value_name = "RESOURCE=GLOB")]
+    devices: Vec<String>,
     /// Port of the node's HTTPS endpoint (container logs) that the API server calls; 0 picks a free one
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
@@ -384,7 +388,10 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         if is_root() { PathBuf::from("/var/lib/kubelet") } else { data_dir.join("agent").join("kubelet") }
     });
     let local_storage_path = args.default_local_storage_path.clone().unwrap_or_else(|| data_dir.join("storage"));
+    let devices =
+        args.devices.iter().map(|d| d.parse()).collect::<Result<Vec<_>, String>>().map_err(anyhow::Error::msg)?;
     Ok(server::ServerConfig {
+        devices,
         runtime,
         reserved,
         healthz_port: args.healthz_port,

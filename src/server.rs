@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub token: Option<String>,
     pub node_name: String,
     pub store_cache_mib: u64,
+    /// `--device RESOURCE=GLOB` flags.
+    pub devices: Vec<crate::devices::generic::DeviceGlob>,
     /// `--kubelet-root-dir`: plugin registration and CSI staging.
     pub kubelet_root_dir: PathBuf,
     /// `--default-local-storage-path`: the built-in driver's volumes.
@@ -217,6 +219,7 @@ async fn start_control_plane(
                 local_storage_path: cfg.local_storage_path.clone(),
                 agent_dir: cfg.data_dir.join("agent"),
             },
+            devices: cfg.devices.clone(),
         };
         let client = client::in_process(app.clone(), client::node(&cfg.node_name));
         agent::start(client, cri, agent, endpoint, shutdown.clone());

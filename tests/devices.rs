@@ -4,7 +4,9 @@
 //! Allocate env and device node are in the container), a third waits `Insufficient`; after kill -9
 //! the containers and their devices stay, and the device freed by a deleted pod goes to the waiting
 //! one; an unhealthy device leaves allocatable, and killing the plugin drops allocatable to 0 with
-//! capacity kept, as kubelet does.
+//! capacity kept, as kubelet does. `--device cairn.io/fake=<dir>/fakedev*` offers fake device nodes
+//! (made with mknod as /dev/null's 1:3): one each to two pods at the same path, a third waits until a
+//! third device node appears.
 //!
 //! Needs root, containerd and runc (`.ci/run` installs them).
 
@@ -115,10 +117,14 @@ impl DevicePlugin for Plugin {
     }
 }
 
-/// A busybox pod asking for one device. It is stopped by the node before its object goes (a grace
+/// A busybox pod asking for one device of `resource`. It is stopped by the node before its object goes (a grace
 /// period of 0 would delete the object at once, and the next pod would be bound while the node
 /// still runs this one, as upstream).
 fn pod(name: &str) -> String {
+    pod_of(name, "example.com/dev")
+}
+
+fn pod_of(name: &str, resource: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
@@ -130,7 +136,7 @@ spec:
     image: {BUSYBOX}
     imagePullPolicy: Never
     command: ["sleep", "3600"]
-    resources: {{limits: {{example.com/dev: 1}}}}
+    resources: {{limits: {{{resource}: 1}}}}
 "#
     )
 }
@@ -181,13 +187,61 @@ fn register(runtime: &tokio::runtime::Runtime, dir: &std::path::Path) {
 }
 
 fn resource(node: &Server, field: &str) -> String {
-    node.ok(&["get", "nodes", "-o", &format!("jsonpath={{.items[0].status.{field}.example\\.com/dev}}")])
+    quantity(node, field, "example\\.com/dev")
+}
+
+fn quantity(node: &Server, field: &str, resource: &str) -> String {
+    node.ok(&["get", "nodes", "-o", &format!("jsonpath={{.items[0].status.{field}.{resource}}}")])
+}
+
+/// A harmless character device node (1:3, as /dev/null) at `path`.
+fn mknod(path: &std::path::Path) {
+    let status = std::process::Command::new("mknod").arg(path).args(["c", "1", "3"]).status().unwrap();
+    assert!(status.success(), "mknod {}", path.display());
+}
+
+/// The fake device nodes the pod's container sees under `dir`.
+fn fake_devices_of(node: &Server, pod: &str, dir: &std::path::Path) -> String {
+    node.ok(&["exec", pod, "--", "sh", "-c", &format!("ls {}", dir.display())]).trim().to_string()
+}
+
+/// `--device`: device nodes found by glob are one unit each, handed over at the same path, and one
+/// that appears later is found within seconds.
+fn check_generic_devices(node: &Server, fakes: &std::path::Path) {
+    let fake = "cairn\\.io/fake";
+    eventually(10, || (quantity(node, "allocatable", fake) == "2").then_some(()));
+    node.ok_stdin(&["apply", "-f", "-"], &pod_of("g1", "cairn.io/fake"));
+    node.ok_stdin(&["apply", "-f", "-"], &pod_of("g2", "cairn.io/fake"));
+    running(node, "g1");
+    running(node, "g2");
+    let (a, b) = (fake_devices_of(node, "g1", fakes), fake_devices_of(node, "g2", fakes));
+    let mut both = [a.clone(), b.clone()];
+    both.sort();
+    assert_eq!(both, ["fakedev0", "fakedev1"], "one device each, at the host's path");
+    node.ok_stdin(&["apply", "-f", "-"], &pod_of("g3", "cairn.io/fake"));
+    eventually(30, || {
+        let events = node.ok(&["get", "events", "--field-selector", "involvedObject.name=g3"]);
+        events.contains("Insufficient cairn.io/fake").then_some(())
+    });
+    let appeared = Instant::now();
+    mknod(&fakes.join("fakedev2"));
+    eventually(10, || (quantity(node, "allocatable", fake) == "3").then_some(()));
+    eprintln!("a new device node was allocatable after {:?}", appeared.elapsed());
+    running(node, "g3");
+    assert_eq!(fake_devices_of(node, "g3", fakes), "fakedev2");
+    node.ok(&["delete", "pod", "g1", "g2", "g3", "--wait=false"]);
 }
 
 #[test]
-fn an_external_device_plugin_registers_and_its_devices_go_to_one_pod_each() {
-    let mut node = Node::start(CIDR);
+fn device_plugins_register_and_their_devices_go_to_one_pod_each() {
+    let fakes = tempfile::tempdir().unwrap();
+    mknod(&fakes.path().join("fakedev0"));
+    mknod(&fakes.path().join("fakedev1"));
+    std::fs::write(fakes.path().join("fakedev-not-a-device"), "").unwrap();
+    let flag = format!("cairn.io/fake={}/fakedev?", fakes.path().display());
+    let mut node = Node::start_with(CIDR, &["--device", &flag]);
     eventually(60, || node_ready(&node));
+    check_generic_devices(&node, fakes.path());
     let dir = node.dir.path().join("kubelet/device-plugins");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let _entered = runtime.enter();

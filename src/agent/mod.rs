@@ -62,6 +62,8 @@ pub struct Config {
     pub kubelet_port: u16,
     /// Where CSI plugins register and volumes are staged, and where the built-in driver keeps volumes.
     pub storage: crate::csi::NodeStorage,
+    /// `--device RESOURCE=GLOB`: device nodes offered through the built-in generic device plugin.
+    pub devices: Vec<crate::devices::generic::DeviceGlob>,
 }
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
@@ -130,6 +132,15 @@ pub fn start(
     let devices = crate::devices::Manager::new(&device_dir);
     if let Err(e) = crate::devices::registration::serve(&device_dir, devices.clone(), shutdown.clone()) {
         tracing::error!("node agent: device plugins cannot register: {e:#}");
+    }
+    for glob in cfg.devices.clone() {
+        let (dir, stop) = (device_dir.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let resource = glob.resource.clone();
+            if let Err(e) = crate::devices::generic::run(glob, dir, stop).await {
+                tracing::error!("node agent: --device {resource}: {e:#}");
+            }
+        });
     }
     let mut settings = pods::Settings {
         node_name: cfg.node_name.clone(),

@@ -991,6 +991,12 @@ impl Worker {
             self.unpublished = false;
             return phase;
         }
+        if matches!(phase.as_deref(), Some("Succeeded" | "Failed")) && rt.running().next().is_none() {
+            // The scheduler places the next pod as soon as it reads a terminal phase: by then this
+            // one must no longer count in the node's admission, nor hold devices.
+            self.stopped.store(true, Ordering::Relaxed);
+            self.ctx.host.devices.release(&self.uid);
+        }
         match self.ctx.api.write_status(&self.pod, value.clone()).await {
             Ok(rv) => {
                 self.written = Some((status, value, rv));

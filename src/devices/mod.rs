@@ -9,8 +9,11 @@
 //! the plugin's Allocate answer is asked for when the container is first created, and both are
 //! checkpointed (`<device-plugins>/kubelet_internal_checkpoint`), so a restarted node gives running
 //! containers the same devices and never gives a device to two pods.
+//!
+//! `generic.rs` is the built-in plugin of `--device RESOURCE=GLOB` (device nodes by glob).
 
 mod allocate;
+pub mod generic;
 pub mod registration;
 #[cfg(test)]
 mod tests;

@@ -15,22 +15,31 @@ use super::cri;
 /// removes every pod sandbox (even after a failed check) and stops cairn and its containerd.
 pub struct Node {
     server: Option<Server>,
-    cidr: &'static str,
+    /// The flags it runs with (again after a restart).
+    args: Vec<String>,
 }
 
 impl Node {
     pub fn start(cidr: &'static str) -> Node {
+        Self::start_with(cidr, &[])
+    }
+
+    /// With more flags.
+    pub fn start_with(cidr: &str, extra: &[&str]) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let images = dir.path().join("data/agent/images");
         std::fs::create_dir_all(&images).unwrap();
         std::fs::write(images.join("busybox.tar"), busybox_image()).unwrap();
-        Node { server: Some(Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", cidr])), cidr }
+        let mut args: Vec<String> = ["--disable-agent=false", "--cluster-cidr", cidr].map(String::from).to_vec();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let server = Server::start_with(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        Node { server: Some(server), args }
     }
 
     /// Kills cairn with SIGKILL (containerd and the containers stay) and starts it on the same data.
     pub fn restart_after_kill9(&mut self) {
         let dir = self.server.take().expect("running").kill9();
-        self.server = Some(Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", self.cidr]));
+        self.server = Some(Server::start_with(dir, &self.args.iter().map(String::as_str).collect::<Vec<_>>()));
     }
 }
 
