@@ -421,31 +421,23 @@ impl Worker {
                     None => Ok(String::new()),
                     Some(class) => self.ctx.api.runtime_handler(class).await,
                 };
-                let handler = match handler {
-                    Ok(h) => h,
-                    Err(e) => {
-                        self.event(
-                            EventType::Warning,
-                            "FailedCreatePodSandBox",
-                            format!("Failed to create pod sandbox: {e}"),
-                        );
-                        self.publish(&rt).await;
-                        self.due_at(Instant::now() + RETRY);
-                        return Ok(false);
-                    }
-                };
                 let (metadata, labels) = (config.metadata.clone(), config.labels.clone());
-                match self
-                    .ctx
-                    .runtime
-                    .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(config), runtime_handler: handler })
-                    .await
-                {
+                let created = match handler {
+                    Ok(runtime_handler) => self
+                        .ctx
+                        .runtime
+                        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(config), runtime_handler })
+                        .await
+                        .map(|r| r.pod_sandbox_id)
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                };
+                match created {
                     // The new sandbox leads the view; its containers are yet to come (no relist).
-                    Ok(r) => rt.sandboxes.insert(
+                    Ok(id) => rt.sandboxes.insert(
                         0,
                         cri::PodSandbox {
-                            id: r.pod_sandbox_id,
+                            id,
                             metadata,
                             state: cri::PodSandboxState::SandboxReady as i32,
                             created_at: wall_ns(),
