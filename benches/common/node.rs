@@ -23,6 +23,11 @@ pub struct Cairn {
 
 impl Cairn {
     pub fn start(cluster_cidr: &str) -> Result<Cairn> {
+        Self::start_with(cluster_cidr, &[])
+    }
+
+    /// With more flags.
+    pub fn start_with(cluster_cidr: &str, extra: &[String]) -> Result<Cairn> {
         let dir = tempfile::tempdir()?;
         let data = dir.path().join("data");
         std::fs::create_dir_all(data.join("agent/images"))?;
@@ -37,6 +42,7 @@ impl Cairn {
             .arg(dir.path().join("kubelet"))
             .arg("--write-kubeconfig")
             .arg(&kubeconfig)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -88,10 +88,14 @@ fn wants(c: &Container) -> BTreeMap<String, usize> {
 }
 
 impl Manager {
-    fn save(&self, assignments: &Assignments) {
-        let Some(path) = &self.checkpoint else { return };
+    /// Writes the assignments as they are now. One writer at a time: two would share the
+    /// temporary file.
+    fn save(&self) {
+        let Some((path, saving)) = &self.checkpoint else { return };
+        let _one = saving.lock().unwrap_or_else(|e| e.into_inner());
+        let assignments = self.lock().assignments.clone();
         let tmp = path.with_extension("tmp");
-        let written = serde_json::to_vec(assignments)
+        let written = serde_json::to_vec(&assignments)
             .map_err(std::io::Error::other)
             .and_then(|bytes| std::fs::write(&tmp, bytes))
             .and_then(|()| std::fs::rename(&tmp, path));
@@ -164,9 +168,8 @@ impl Manager {
             }
         }
         if state.assignments != before {
-            let assignments = state.assignments.clone();
             drop(state);
-            self.save(&assignments);
+            self.save();
         }
         Ok(())
     }
@@ -186,9 +189,8 @@ impl Manager {
         let count = state.assignments.entries.len();
         state.assignments.entries.retain(|e| keep(&e.pod_uid));
         if state.assignments.entries.len() != count {
-            let assignments = state.assignments.clone();
             drop(state);
-            self.save(&assignments);
+            self.save();
         }
     }
 
@@ -264,8 +266,7 @@ impl Manager {
             return;
         };
         e.allocated = Some(allocated);
-        let assignments = state.assignments.clone();
         drop(state);
-        self.save(&assignments);
+        self.save();
     }
 }

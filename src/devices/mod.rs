@@ -73,8 +73,8 @@ impl std::ops::DerefMut for State {
 pub struct Manager {
     state: Arc<Mutex<State>>,
     changed: Arc<tokio::sync::watch::Sender<u64>>,
-    /// Where assignments are checkpointed (none in unit tests).
-    checkpoint: Option<PathBuf>,
+    /// Where assignments are checkpointed (none in unit tests), and its writers' lock.
+    checkpoint: Option<(PathBuf, Arc<Mutex<()>>)>,
 }
 
 impl Default for Manager {
@@ -89,7 +89,11 @@ impl Manager {
         let checkpoint = dir.join(allocate::CHECKPOINT);
         let assignments = allocate::load(&checkpoint);
         let state = State { resources: BTreeMap::new(), assignments };
-        Manager { state: Arc::new(Mutex::new(state)), checkpoint: Some(checkpoint), ..Default::default() }
+        Manager {
+            state: Arc::new(Mutex::new(state)),
+            checkpoint: Some((checkpoint, Arc::default())),
+            ..Default::default()
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

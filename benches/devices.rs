@@ -1,0 +1,156 @@
+//! Devices benchmark: `cargo bench --bench devices` (root, containerd, runc and busybox-static needed).
+//!
+//! In one run, against one `cairn server` started with `--device cairn.io/fake=<dir>/fake*` over fake
+//! device nodes (mknod 1:3, as /dev/null):
+//! 1. Pod start-up, create → Running through a watch, one at a time: a pod asking for nothing (the
+//!    baseline) and a pod asking for one `cairn.io/fake` (admission, Allocate, the device node in
+//!    its container), alternated so that both see the same machine. Pods stay until the end, so
+//!    every device pod gets a device of its own.
+//! 2. A device node appearing → the Node's allocatable showing it, one node at a time.
+//!
+//! Nothing is asserted; figures go to stdout and `target/bench-devices.json`.
+//! Environment: `CAIRN_BENCH_RUNS` [50] samples of 1; `CAIRN_BENCH_APPEAR` [10] samples of 2;
+//! `CAIRN_BENCH_BIN`, another cairn binary to measure.
+
+#[path = "common/binary.rs"]
+mod binary;
+#[path = "../tests/common/busybox.rs"]
+mod busybox;
+#[path = "common/node.rs"]
+mod node;
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use busybox::BUSYBOX;
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use node::Cairn;
+use serde_json::{Value, json};
+
+const RESOURCE: &str = "cairn.io/fake";
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn summary(mut ms: Vec<f64>) -> Value {
+    ms.sort_by(f64::total_cmp);
+    let pct = |p: f64| ms.get(((ms.len().max(1) - 1) as f64 * p / 100.0).round() as usize).copied();
+    json!({"n": ms.len(), "p50_ms": pct(50.0), "p99_ms": pct(99.0), "max_ms": ms.last().copied()})
+}
+
+fn mknod(path: &Path) -> Result<()> {
+    let status = std::process::Command::new("mknod").arg(path).args(["c", "1", "3"]).status()?;
+    if !status.success() {
+        bail!("mknod {} failed", path.display());
+    }
+    Ok(())
+}
+
+fn pod(name: &str, device: bool) -> Result<Pod> {
+    let resources = if device { json!({"limits": {RESOURCE: "1"}}) } else { json!({}) };
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"bench": "devices"}},
+        "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "main", "image": BUSYBOX,
+            "imagePullPolicy": "IfNotPresent", "command": ["/bin/sleep", "3600"], "resources": resources}]}
+    }))?)
+}
+
+/// Creates the pod and returns its create → Running latency (ms), seen through a watch opened before.
+async fn start_up(pods: &Api<Pod>, pod: Pod) -> Result<f64> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let version = pods.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
+    let params = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(120);
+    let mut watch = pods.watch(&params, &version).await?.boxed();
+    let at = Instant::now();
+    pods.create(&PostParams::default(), &pod).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(110);
+    loop {
+        let event = tokio::time::timeout_at(deadline, watch.try_next()).await.context("not Running in time")??;
+        if let Some(WatchEvent::Added(p) | WatchEvent::Modified(p)) = event
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        {
+            return Ok(at.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+}
+
+fn allocatable(node: &Node) -> i64 {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(RESOURCE))
+        .and_then(|q| q.0.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Makes one more device node and returns the time until the Node's allocatable counts it (ms).
+async fn appear(nodes: &Api<Node>, path: &Path) -> Result<f64> {
+    let before = allocatable(&nodes.list(&ListParams::default()).await?.items[0]);
+    let at = Instant::now();
+    mknod(path)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if nodes.list(&ListParams::default()).await?.items.iter().any(|n| allocatable(n) > before) {
+            return Ok(at.elapsed().as_secs_f64() * 1000.0);
+        }
+        if Instant::now() > deadline {
+            bail!("{} was not allocatable within 60 s", path.display());
+        }
+        // The Node changes once per status write: a short poll measures it to within 10 ms.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let runs = env_or("CAIRN_BENCH_RUNS", 50);
+    let appearances = env_or("CAIRN_BENCH_APPEAR", 10);
+    let fakes = tempfile::tempdir()?;
+    for i in 0..runs {
+        mknod(&fakes.path().join(format!("fake{i}")))?;
+    }
+    let flag = format!("{RESOURCE}={}/fake*", fakes.path().display());
+    let cairn = Cairn::start_with("10.44.0.0/16", &["--device".into(), flag])?;
+    let client = cairn.client().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let nodes: Api<Node> = Api::all(client.clone());
+    // Let start-up settle (first heartbeat, the plugin's registration) before measuring.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+
+    let (mut plain, mut device) = (vec![], vec![]);
+    for i in 0..runs {
+        plain.push(start_up(&pods, pod(&format!("plain-{i}"), false)?).await?);
+        device.push(start_up(&pods, pod(&format!("device-{i}"), true)?).await?);
+    }
+    let (plain, device) = (summary(plain), summary(device));
+    let ratio = |k: &str| device[k].as_f64().unwrap_or(f64::NAN) / plain[k].as_f64().unwrap_or(f64::NAN);
+    let (ratio_p50, ratio_p99) = (ratio("p50_ms"), ratio("p99_ms"));
+    println!("pod asking for nothing -> Running: {plain}");
+    println!("pod asking for one {RESOURCE} -> Running: {device} ({ratio_p50:.2}x p50, {ratio_p99:.2}x p99)");
+    pods.delete_collection(&DeleteParams::default(), &ListParams::default().labels("bench=devices")).await?;
+
+    let mut appeared = vec![];
+    for i in 0..appearances {
+        appeared.push(appear(&nodes, &fakes.path().join(format!("fake-new{i}"))).await?);
+    }
+    let appeared = summary(appeared);
+    println!("device node made -> allocatable: {appeared}");
+
+    let report = json!({
+        "pod_plain_to_running": plain,
+        "pod_with_device_to_running": device,
+        "pod_with_device_vs_plain": {"p50": ratio_p50, "p99": ratio_p99},
+        "device_node_to_allocatable": appeared,
+    });
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-devices.json");
+    std::fs::write(&out, serde_json::to_vec_pretty(&report)?)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
