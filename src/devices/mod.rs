@@ -54,19 +54,6 @@ struct State {
     assignments: allocate::Assignments,
 }
 
-impl std::ops::Deref for State {
-    type Target = BTreeMap<String, Resource>;
-    fn deref(&self) -> &Self::Target {
-        &self.resources
-    }
-}
-
-impl std::ops::DerefMut for State {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.resources
-    }
-}
-
 /// The resources the node's device plugins offer, what is assigned to which container, and a signal
 /// of each change of the resources. Cheap to clone.
 #[derive(Clone)]
@@ -107,7 +94,7 @@ impl Manager {
     /// A plugin registered for `resource`: its generation, for the stream it opens.
     fn registered(&self, resource: &str, pre_start_required: bool) -> u64 {
         let mut all = self.lock();
-        let r = all.entry(resource.to_string()).or_default();
+        let r = all.resources.entry(resource.to_string()).or_default();
         r.generation += 1;
         r.pre_start_required = pre_start_required;
         r.plugin = None;
@@ -121,7 +108,7 @@ impl Manager {
         generation: u64,
         client: proto::device_plugin_client::DevicePluginClient<tonic::transport::Channel>,
     ) {
-        if let Some(r) = self.lock().get_mut(resource).filter(|r| r.generation == generation) {
+        if let Some(r) = self.lock().resources.get_mut(resource).filter(|r| r.generation == generation) {
             r.plugin = Some(client);
         }
     }
@@ -130,7 +117,7 @@ impl Manager {
     fn listed(&self, resource: &str, generation: u64, devices: BTreeMap<String, bool>) {
         {
             let mut all = self.lock();
-            let Some(r) = all.get_mut(resource).filter(|r| r.generation == generation) else { return };
+            let Some(r) = all.resources.get_mut(resource).filter(|r| r.generation == generation) else { return };
             if r.devices == devices {
                 return;
             }
@@ -143,7 +130,7 @@ impl Manager {
     fn disconnected(&self, resource: &str, generation: u64) {
         {
             let mut all = self.lock();
-            let Some(r) = all.get_mut(resource).filter(|r| r.generation == generation) else { return };
+            let Some(r) = all.resources.get_mut(resource).filter(|r| r.generation == generation) else { return };
             r.devices.values_mut().for_each(|healthy| *healthy = false);
             r.plugin = None;
         }
@@ -153,6 +140,7 @@ impl Manager {
     /// Each resource's capacity (devices) and allocatable (healthy devices).
     pub fn capacity(&self) -> BTreeMap<String, (i64, i64)> {
         self.lock()
+            .resources
             .iter()
             .map(|(name, r)| {
                 (name.clone(), (r.devices.len() as i64, r.devices.values().filter(|h| **h).count() as i64))
