@@ -6,12 +6,17 @@ fn main() {
     grpc::generate();
 }
 
-/// gRPC bindings of the plugin APIs cairn serves and calls: CSI (`proto/csi.proto`) and kubelet's plugin
-/// registration (`proto/pluginregistration.proto`). protoc is the `protoc-bin-vendored` crate's, so the
+/// gRPC bindings of the plugin APIs cairn serves and calls: CSI (`proto/csi.proto`), kubelet's plugin
+/// registration (`proto/pluginregistration.proto`), device plugins and pod resources. protoc is the `protoc-bin-vendored` crate's, so the
 /// build needs no protobuf compiler installed; a system one serves where that crate has no binary.
 mod grpc {
     pub fn generate() {
-        const PROTOS: &[&str] = &["proto/csi.proto", "proto/pluginregistration.proto", "proto/deviceplugin.proto"];
+        const PROTOS: &[&str] = &[
+            "proto/csi.proto",
+            "proto/pluginregistration.proto",
+            "proto/deviceplugin.proto",
+            "proto/podresources.proto",
+        ];
         for p in PROTOS {
             println!("cargo:rerun-if-changed={p}");
         }

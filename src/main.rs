@@ -233,6 +233,12 @@ struct ServerArgs {
     /// cairn.io/serial=/dev/ttyUSB* (repeatable)
     #[arg(long = "device", value_name = "RESOURCE=GLOB")]
     devices: Vec<String>,
+    /// Do not look for NVIDIA GPUs (found GPUs are offered as nvidia.com/gpu)
+    #[arg(long)]
+    disable_gpu: bool,
+    /// Where GPU discovery looks for dev/, proc/ and the driver's files (tests point it at a fake tree)
+    #[arg(long, default_value = "/", hide = true)]
+    gpu_discovery_root: PathBuf,
     /// Port of the node's HTTPS endpoint (container logs) that the API server calls; 0 picks a free one
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
@@ -355,6 +361,23 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     if !cidr_ok {
         anyhow::bail!("invalid cluster-cidr {:?}: expected a CIDR such as 10.42.0.0/16", args.cluster_cidr);
     }
+    let gpus = (!args.disable_agent && !args.disable_gpu)
+        .then(|| devices::nvidia::Gpus::discover(&args.gpu_discovery_root))
+        .flatten();
+    if let Some(g) = &gpus {
+        let models: Vec<&str> = g.gpus.iter().map(|g| g.model.as_deref().unwrap_or("unknown model")).collect();
+        let runtimes: Vec<&str> = g.runtimes.iter().map(|(handler, _)| handler.as_str()).collect();
+        tracing::info!(
+            "found {} NVIDIA GPU(s): {}; container runtime handlers: {}",
+            g.gpus.len(),
+            models.join(", "),
+            if runtimes.is_empty() {
+                "none (nvidia-container-runtime not installed)".into()
+            } else {
+                runtimes.join(", ")
+            }
+        );
+    }
     let runtime = if args.disable_agent {
         None
     } else {
@@ -375,6 +398,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
             cni_bin_dir: args.cni_bin_dir.clone(),
             cni_conf_dir: args.cni_conf_dir.clone(),
             cluster_cidr,
+            runtimes: gpus.as_ref().map(|g| g.runtimes.clone()).unwrap_or_default(),
         };
         runtime.check()?;
         Some(runtime)
@@ -392,6 +416,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         args.devices.iter().map(|d| d.parse()).collect::<Result<Vec<_>, String>>().map_err(anyhow::Error::msg)?;
     Ok(server::ServerConfig {
         devices,
+        gpus,
         runtime,
         reserved,
         healthz_port: args.healthz_port,

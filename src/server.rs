@@ -42,6 +42,8 @@ pub struct ServerConfig {
     pub store_cache_mib: u64,
     /// `--device RESOURCE=GLOB` flags.
     pub devices: Vec<crate::devices::generic::DeviceGlob>,
+    /// The NVIDIA GPUs found at start.
+    pub gpus: Option<crate::devices::nvidia::Gpus>,
     /// `--kubelet-root-dir`: plugin registration and CSI staging.
     pub kubelet_root_dir: PathBuf,
     /// `--default-local-storage-path`: the built-in driver's volumes.
@@ -220,6 +222,7 @@ async fn start_control_plane(
                 agent_dir: cfg.data_dir.join("agent"),
             },
             devices: cfg.devices.clone(),
+            gpus: cfg.gpus.clone(),
         };
         let client = client::in_process(app.clone(), client::node(&cfg.node_name));
         agent::start(client, cri, agent, endpoint, shutdown.clone());

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
 use crate::net::Cidr;
@@ -64,6 +64,8 @@ pub struct Config {
     pub storage: crate::csi::NodeStorage,
     /// `--device RESOURCE=GLOB`: device nodes offered through the built-in generic device plugin.
     pub devices: Vec<crate::devices::generic::DeviceGlob>,
+    /// The NVIDIA GPUs found at start (none with `--disable-gpu`), offered as `nvidia.com/gpu`.
+    pub gpus: Option<crate::devices::nvidia::Gpus>,
 }
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
@@ -142,6 +144,10 @@ pub fn start(
             }
         });
     }
+    let labels = cfg.gpus.as_ref().map(crate::devices::nvidia::Gpus::labels).unwrap_or_default();
+    if let Some(gpus) = cfg.gpus.clone() {
+        tokio::spawn(offer_gpus(client.clone(), cri.clone(), gpus, device_dir.clone(), shutdown.clone()));
+    }
     let mut settings = pods::Settings {
         node_name: cfg.node_name.clone(),
         node_ip: cfg.node_ip.map(|ip| ip.to_string()),
@@ -161,7 +167,8 @@ pub fn start(
         machine,
         health,
         runtime_health: runtime_health.clone(),
-        devices,
+        devices: devices.clone(),
+        labels,
     };
     let first = Arc::new(tokio::sync::Notify::new());
     let registered = first.clone();
@@ -181,6 +188,10 @@ pub fn start(
                 let socket = std::path::PathBuf::from(cri.endpoint().trim_start_matches("unix://"));
                 let sessions = sessions::ExecSessions::new(crate::runtime::tasks::Tasks::new(&socket));
                 let pods = pods::start(client, cri, settings, runtime_health, stop.clone());
+                let pod_resources = crate::devices::podresources::dir(&storage.kubelet_root_dir);
+                if let Err(e) = crate::devices::podresources::serve(&pod_resources, devices, pods.clone(), stop.clone()) {
+                    tracing::error!("node agent: the pod resources API is not served: {e:#}");
+                }
                 let stats = stats::Stats::new(pods.runtime().clone(), node_name);
                 tokio::spawn(stats.clone().run(stop.clone()));
                 if let Some(e) = endpoint {
@@ -194,6 +205,37 @@ pub fn start(
             _ = stop.cancelled() => {}
         }
     });
+}
+
+/// Offers the GPUs through the built-in NVIDIA plugin (CDI names where the runtime passes them on),
+/// and makes the RuntimeClass of each NVIDIA runtime handler containerd was given, as k3s does.
+async fn offer_gpus(
+    client: kube::Client,
+    cri: Cri,
+    gpus: crate::devices::nvidia::Gpus,
+    dir: std::path::PathBuf,
+    shutdown: CancellationToken,
+) {
+    use k8s_openapi::api::node::v1::RuntimeClass;
+    let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
+    let (name, version) = runtime.split_once("://").unwrap_or_default();
+    let cdi = crate::devices::nvidia::runtime_supports_cdi(name, version);
+    let classes: Api<RuntimeClass> = Api::all(client);
+    for (handler, _) in &gpus.runtimes {
+        let class = RuntimeClass {
+            metadata: ObjectMeta { name: Some(handler.clone()), ..Default::default() },
+            handler: handler.clone(),
+            ..Default::default()
+        };
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => tracing::info!("node agent: created the RuntimeClass {handler} for NVIDIA's container runtime"),
+            Err(e) if is_conflict(&e) => {}
+            Err(e) => tracing::warn!("node agent: creating the RuntimeClass {handler}: {e}"),
+        }
+    }
+    if let Err(e) = crate::devices::nvidia::run(gpus, cdi, dir, shutdown).await {
+        tracing::error!("node agent: the NVIDIA GPUs are not offered: {e:#}");
+    }
 }
 
 /// Answers `GET /healthz` with `ok`, or 500 when the heartbeat is stale. Another process on the port
@@ -237,6 +279,8 @@ struct Heartbeat {
     runtime_health: Arc<context::RuntimeHealth>,
     /// The device plugins' resources; a change is reported at once.
     devices: crate::devices::Manager,
+    /// Labels of what the node found on itself (its GPUs).
+    labels: std::collections::BTreeMap<String, String>,
 }
 
 /// Now, in whole seconds (as the API's `Time` is serialized).
@@ -301,6 +345,7 @@ impl Heartbeat {
             images: &images,
             volumes_in_use: crate::volumes::claims::in_use(&self.cfg.data_dir.join("agent").join("pods")),
             devices: self.devices.capacity(),
+            labels: &self.labels,
             now: now(),
         };
         // Written on the version read; another writer in between means reading again.
@@ -311,6 +356,11 @@ impl Heartbeat {
                 tracing::info!("node agent: registered node {}", self.cfg.node_name);
                 return Ok(created.status);
             };
+            let labels = node::missing_labels(&current, &self.labels);
+            if !labels.is_empty() {
+                let patch = serde_json::json!({ "metadata": { "labels": labels } });
+                current = self.nodes.patch(&self.cfg.node_name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
             let status = node::status(&inputs, current.status.as_ref());
             let due = reported.is_none_or(|(_, at)| at.elapsed() >= REPORT_PERIOD);
             if !due && !current.status.as_ref().is_none_or(|old| node::changed(old, &status)) {

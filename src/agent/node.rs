@@ -172,6 +172,8 @@ pub struct Inputs<'a> {
     pub volumes_in_use: Vec<String>,
     /// Device plugins' resources: (devices, healthy devices).
     pub devices: BTreeMap<String, (i64, i64)>,
+    /// Labels of what the node found on itself (its GPUs), beside the well-known ones.
+    pub labels: &'a BTreeMap<String, String>,
     pub now: Time,
 }
 
@@ -189,7 +191,7 @@ pub fn new_node(inputs: &Inputs) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(inputs.name.into()),
-            labels: Some(labels.into_iter().map(|(k, v)| (k.into(), v.into())).collect()),
+            labels: Some(labels.into_iter().map(|(k, v)| (k.into(), v.into())).chain(inputs.labels.clone()).collect()),
             annotations: Some([("node.alpha.kubernetes.io/ttl".into(), "0".into())].into()),
             ..Default::default()
         },
@@ -200,6 +202,13 @@ pub fn new_node(inputs: &Inputs) -> Node {
         }),
         status: Some(status(inputs, None)),
     }
+}
+
+/// The node's own labels (`Inputs::labels`) that `node` lacks or has with another value.
+pub fn missing_labels(node: &Node, labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let have = node.metadata.labels.as_ref();
+    let missing = labels.iter().filter(|(k, v)| have.and_then(|h| h.get(*k)) != Some(*v));
+    missing.map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 /// The node's status; condition transition times are kept from `previous` while a condition holds.
@@ -347,6 +356,8 @@ mod tests {
         }
     }
 
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
     fn inputs<'a>(m: &'a Machine, r: &'a Reserved, not_ready: Option<String>, now: &str) -> Inputs<'a> {
         Inputs {
             name: "n1",
@@ -360,12 +371,27 @@ mod tests {
             images: &[],
             volumes_in_use: Vec::new(),
             devices: BTreeMap::new(),
+            labels: &NO_LABELS,
             now: Time(now.parse().unwrap()),
         }
     }
 
     fn value(s: &NodeStatus) -> Value {
         serde_json::to_value(s).unwrap()
+    }
+
+    #[test]
+    fn found_labels_are_set_at_registration_and_patched_in_later() {
+        let (m, r) = (machine(), Reserved::default());
+        let gpu = BTreeMap::from([("nvidia.com/gpu.count".to_string(), "2".to_string())]);
+        let mut i = inputs(&m, &r, None, "2026-01-01T00:00:00Z");
+        i.labels = &gpu;
+        let node = new_node(&i);
+        let labels = node.metadata.labels.as_ref().unwrap();
+        assert_eq!((labels["nvidia.com/gpu.count"].as_str(), labels["kubernetes.io/os"].as_str()), ("2", "linux"));
+        assert!(missing_labels(&node, &gpu).is_empty());
+        let more = BTreeMap::from([("nvidia.com/gpu.count".to_string(), "3".to_string())]);
+        assert_eq!(missing_labels(&node, &more), more);
     }
 
     #[test]

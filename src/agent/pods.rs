@@ -129,6 +129,12 @@ pub fn start(
     manager
 }
 
+impl crate::devices::podresources::ActivePods for Pods {
+    fn active_pods(&self) -> Vec<Pod> {
+        self.active()
+    }
+}
+
 fn is_finished(pod: &Pod) -> bool {
     matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
@@ -146,6 +152,11 @@ impl Pods {
             let p = update.pod();
             (spec::namespace(p) == namespace && spec::name(p) == name).then(|| (**p).clone())
         })
+    }
+
+    /// The pods that hold node resources now, as their workers have them.
+    pub fn active(&self) -> Vec<Pod> {
+        self.workers().values().filter(|h| h.active()).filter_map(Handle::pod).collect()
     }
 
     /// The runtime the pods run on (the node endpoint's streaming sessions ask it).
@@ -203,7 +214,7 @@ impl Pods {
                     pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
                     let listed: HashSet<String> = pods.iter().map(|p| spec::uid(p).to_string()).collect();
                     for pod in pods.into_iter().filter(|p| self.mine(p)) {
-                        self.on_pod(pod);
+                        self.on_pod(pod).await;
                     }
                     let gone: Vec<Pod> = self
                         .workers()
@@ -222,44 +233,47 @@ impl Pods {
                         housekeeping.reset();
                     }
                 }
-                Event::Apply(pod) if self.mine(&pod) => self.on_pod(pod),
+                Event::Apply(pod) if self.mine(&pod) => self.on_pod(pod).await,
                 Event::Apply(_) => {}
                 Event::Delete(pod) => self.on_removed(pod),
             }
         }
     }
 
-    fn on_pod(self: &Arc<Self>, pod: Pod) {
+    async fn on_pod(self: &Arc<Self>, pod: Pod) {
         let uid = spec::uid(&pod).to_string();
-        let mut workers = self.workers();
-        if let Some(h) = workers.get(&uid) {
-            // A change the pod's own status write caused does not wake the worker.
-            h.tx.send_if_modified(|cur| {
-                let wake = match cur {
-                    Update::Pod(old) => needs_sync(old, &pod),
-                    Update::Removed(_) => false,
-                };
-                if matches!(cur, Update::Pod(_)) {
-                    *cur = Update::Pod(Arc::new(pod));
-                }
-                wake
-            });
-            return;
-        }
         let active = !is_finished(&pod) && pod.metadata.deletion_timestamp.is_none();
-        if is_finished(&pod) {
-            // Finished while the node was away: what it held is free.
-            self.ctx.host.devices.release(&uid);
-        }
         let info = Arc::new(PodInfo::from_pod(&pod));
-        let rejected = || {
-            self.admit(&info, &workers).or_else(|| {
-                let devices = self.ctx.host.devices.admit(&pod);
-                devices.err().map(|message| ("UnexpectedAdmissionError".to_string(), message))
-            })
+        let mut rejected = {
+            let workers = self.workers();
+            if let Some(h) = workers.get(&uid) {
+                // A change the pod's own status write caused does not wake the worker.
+                h.tx.send_if_modified(|cur| {
+                    let wake = match cur {
+                        Update::Pod(old) => needs_sync(old, &pod),
+                        Update::Removed(_) => false,
+                    };
+                    if matches!(cur, Update::Pod(_)) {
+                        *cur = Update::Pod(Arc::new(pod));
+                    }
+                    wake
+                });
+                return;
+            }
+            if is_finished(&pod) {
+                // Finished while the node was away: what it held is free.
+                self.ctx.host.devices.release(&uid);
+            }
+            if active { self.admit(&info, &workers) } else { None }
         };
-        if active && let Some((reason, message)) = rejected() {
-            drop(workers);
+        // Only this task admits pods: none is admitted while a device plugin is asked.
+        if active
+            && rejected.is_none()
+            && let Err(message) = self.ctx.host.devices.admit(&pod).await
+        {
+            rejected = Some(("UnexpectedAdmissionError".to_string(), message));
+        }
+        if let Some((reason, message)) = rejected {
             self.reject(pod, reason, message);
             return;
         }
@@ -275,8 +289,7 @@ impl Pods {
             manager.workers().remove(&key);
             manager.ctx.host.devices.release(&key);
         });
-        workers.insert(uid, Handle { tx, wake, info, stopped });
-        drop(workers);
+        self.workers().insert(uid, Handle { tx, wake, info, stopped });
         self.update_qos();
     }
 
@@ -292,7 +305,7 @@ impl Pods {
     /// kubelet's `UpdateQOSCgroups`: the burstable tier's CPU shares follow its pods' requests.
     fn update_qos(&self) {
         let Some(cg) = self.ctx.host.cgroups.clone() else { return };
-        let active: Vec<Pod> = self.workers().values().filter(|h| h.active()).filter_map(Handle::pod).collect();
+        let active = self.active();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = cg.update_qos(&active) {
                 tracing::warn!("updating the QoS cgroups: {e}");

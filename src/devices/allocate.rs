@@ -55,6 +55,66 @@ pub struct Assignments {
     entries: Vec<Entry>,
 }
 
+/// The devices a container may get of one resource.
+pub(super) struct Candidates {
+    /// Free healthy devices, the init containers' first.
+    pub(super) available: Vec<String>,
+    /// The init containers' devices, which the app containers get first.
+    pub(super) must_include: Vec<String>,
+    /// The plugin, when it offers GetPreferredAllocation.
+    pub(super) plugin: Option<proto::device_plugin_client::DevicePluginClient<tonic::transport::Channel>>,
+}
+
+/// How long a plugin may take to say which devices it prefers; then any will do.
+const PREFERENCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The plugin's GetPreferredAllocation answer (empty when it fails: the choice is then cairn's).
+async fn preferred(
+    mut plugin: proto::device_plugin_client::DevicePluginClient<tonic::transport::Channel>,
+    resource: &str,
+    choice: &Candidates,
+    count: usize,
+) -> Vec<String> {
+    let req = proto::PreferredAllocationRequest {
+        container_requests: vec![proto::ContainerPreferredAllocationRequest {
+            available_device_i_ds: choice.available.clone(),
+            must_include_device_i_ds: choice.must_include.clone(),
+            allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
+        }],
+    };
+    match tokio::time::timeout(PREFERENCE_TIMEOUT, plugin.get_preferred_allocation(req)).await {
+        Ok(Ok(answer)) => {
+            answer.into_inner().container_responses.into_iter().next().map(|r| r.device_i_ds).unwrap_or_default()
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("device plugin for {resource}: GetPreferredAllocation failed: {}", e.message());
+            Vec::new()
+        }
+        Err(_) => {
+            tracing::warn!(
+                "device plugin for {resource}: GetPreferredAllocation did not answer in {PREFERENCE_TIMEOUT:?}"
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// `count` devices: the ones that must be included, then the plugin's preferred ones that are
+/// available, then the other available ones, as kubelet's devicesToAllocate.
+pub(super) fn pick(choice: &Candidates, preferred: &[String], count: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(count);
+    let wanted = choice.must_include.iter().chain(preferred.iter().filter(|d| choice.available.contains(d)));
+    for d in wanted.chain(&choice.available) {
+        if out.len() == count {
+            break;
+        }
+        if !out.contains(d) {
+            out.push(d.clone());
+        }
+    }
+    out
+}
+
 /// What a container gets from its devices, for its CRI configuration.
 #[derive(Debug, Default)]
 pub struct ContainerDevices {
@@ -106,72 +166,114 @@ impl Manager {
 
     /// kubelet's device admission of a pod: each container's devices of every device-plugin resource
     /// it asks for, among the healthy devices no other pod holds (a pod holds its devices until
-    /// [`Manager::release`]); init containers' devices go to the app containers first. Assignments
-    /// the pod has already (checkpointed before a restart) stand. The error is the rejection message.
-    pub fn admit(&self, pod: &Pod) -> Result<(), String> {
+    /// [`Manager::release`]); init containers' devices go to the app containers first, and a plugin
+    /// that offers GetPreferredAllocation chooses among the rest. Assignments the pod has already
+    /// (checkpointed before a restart) stand. The error is the rejection message.
+    pub async fn admit(&self, pod: &Pod) -> Result<(), String> {
         let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let mut state = self.lock();
-        let before = state.assignments.clone();
-        let init: Vec<&Container> = spec.init_containers.iter().flatten().collect();
-        let containers = init.iter().copied().chain(spec.containers.iter());
+        let init: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+        let containers = spec.init_containers.iter().flatten().chain(spec.containers.iter());
+        let mut added = Vec::new();
         for c in containers {
             for (resource, count) in wants(c) {
-                // A device plugin's resource: registered, or held by a container (its plugin not
-                // registered again yet after a restart: nothing is free then).
-                let healthy: BTreeSet<String> = match state.resources.get(&resource) {
-                    Some(r) => r.devices.iter().filter(|(_, h)| **h).map(|(id, _)| id.clone()).collect(),
-                    None if state.assignments.entries.iter().any(|e| e.resource == resource) => BTreeSet::new(),
-                    // Not a device plugin's resource: the scheduler's to count.
-                    None => continue,
-                };
-                let entries = &state.assignments.entries;
-                if entries.iter().any(|e| e.pod_uid == uid && e.container == c.name && e.resource == resource) {
-                    continue;
-                }
-                let ours = |e: &&Entry| e.pod_uid == uid && e.resource == resource;
-                let is_init = |name: &str| init.iter().any(|i| i.name == name);
-                // Held: other pods' devices, and this pod's app containers'.
-                let held: BTreeSet<&String> = entries
-                    .iter()
-                    .filter(|e| e.resource == resource && (e.pod_uid != uid || !is_init(&e.container)))
-                    .flat_map(|e| &e.devices)
-                    .collect();
-                let reusable: Vec<&String> = entries
-                    .iter()
-                    .filter(ours)
-                    .filter(|e| is_init(&e.container))
-                    .flat_map(|e| &e.devices)
-                    .filter(|d| healthy.contains(*d) && !held.contains(d))
-                    .collect();
-                let mut available: Vec<String> = reusable.into_iter().cloned().collect();
-                available.dedup();
-                let rest: Vec<String> =
-                    healthy.iter().filter(|d| !held.contains(d) && !available.contains(d)).cloned().collect();
-                available.extend(rest);
-                if available.len() < count {
-                    let message = format!(
+                let Some(choice) = self.candidates(&uid, &init, &c.name, &resource) else { continue };
+                let devices = if choice.must_include.len() >= count {
+                    choice.must_include[..count].to_vec()
+                } else if choice.available.len() < count {
+                    self.forget(&uid, &added);
+                    return Err(format!(
                         "Allocate failed due to requested number of devices unavailable for {resource}. Requested: {count}, Available: {}, which is unexpected",
-                        available.len()
-                    );
-                    state.assignments = before;
-                    return Err(message);
-                }
-                available.truncate(count);
-                state.assignments.entries.push(Entry {
+                        choice.available.len()
+                    ));
+                } else {
+                    let preferred = match choice.plugin.clone() {
+                        Some(plugin) if choice.available.len() > count => {
+                            preferred(plugin, &resource, &choice, count).await
+                        }
+                        _ => Vec::new(),
+                    };
+                    pick(&choice, &preferred, count)
+                };
+                self.lock().assignments.entries.push(Entry {
                     pod_uid: uid.clone(),
                     container: c.name.clone(),
-                    resource,
-                    devices: available,
+                    resource: resource.clone(),
+                    devices,
                     allocated: None,
                 });
+                added.push((c.name.clone(), resource));
             }
         }
-        if state.assignments != before {
-            drop(state);
+        if !added.is_empty() {
             self.save();
         }
         Ok(())
+    }
+
+    /// What the container may get of `resource`: `None` when it is not a device plugin's resource or
+    /// the container has its devices already.
+    fn candidates(&self, uid: &str, init: &[&str], container: &str, resource: &str) -> Option<Candidates> {
+        let state = self.lock();
+        // A device plugin's resource: registered, or held by a container (its plugin not registered
+        // again yet after a restart: nothing is free then).
+        let registered = state.resources.get(resource);
+        let entries = &state.assignments.entries;
+        if registered.is_none() && !entries.iter().any(|e| e.resource == resource) {
+            // Not a device plugin's resource: the scheduler's to count.
+            return None;
+        }
+        if entries.iter().any(|e| e.pod_uid == uid && e.container == container && e.resource == resource) {
+            return None;
+        }
+        let healthy: BTreeSet<&String> =
+            registered.into_iter().flat_map(|r| r.devices.iter().filter(|(_, h)| **h).map(|(id, _)| id)).collect();
+        let is_init = |name: &str| init.contains(&name);
+        // Held: other pods' devices, and this pod's app containers'.
+        let held: BTreeSet<&String> = entries
+            .iter()
+            .filter(|e| e.resource == resource && (e.pod_uid != uid || !is_init(&e.container)))
+            .flat_map(|e| &e.devices)
+            .collect();
+        let mut must_include: Vec<String> = entries
+            .iter()
+            .filter(|e| e.pod_uid == uid && e.resource == resource && is_init(&e.container))
+            .flat_map(|e| &e.devices)
+            .filter(|d| healthy.contains(d) && !held.contains(d))
+            .cloned()
+            .collect();
+        must_include.dedup();
+        let mut available = must_include.clone();
+        available
+            .extend(healthy.iter().filter(|d| !held.contains(*d) && !must_include.contains(d)).map(|d| (*d).clone()));
+        let plugin = registered.filter(|r| r.preferred_allocation).and_then(|r| r.plugin.clone());
+        Some(Candidates { available, must_include, plugin })
+    }
+
+    /// Takes back what an admission that failed half-way had assigned.
+    fn forget(&self, uid: &str, added: &[(String, String)]) {
+        if added.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        state
+            .assignments
+            .entries
+            .retain(|e| e.pod_uid != uid || !added.iter().any(|(c, r)| *c == e.container && *r == e.resource));
+    }
+
+    /// The devices `pod_uid` holds: (container, resource, device IDs).
+    pub fn assigned(&self, pod_uid: &str) -> Vec<(String, String, Vec<String>)> {
+        let state = self.lock();
+        let entries = state.assignments.entries.iter().filter(|e| e.pod_uid == pod_uid);
+        entries.map(|e| (e.container.clone(), e.resource.clone(), e.devices.clone())).collect()
+    }
+
+    /// Each resource's healthy devices.
+    pub fn allocatable(&self) -> Vec<(String, Vec<String>)> {
+        let state = self.lock();
+        let healthy = |r: &Resource| r.devices.iter().filter(|(_, h)| **h).map(|(id, _)| id.clone()).collect();
+        state.resources.iter().map(|(name, r)| (name.clone(), healthy(r))).collect()
     }
 
     /// The pod's devices are free again (its worker stopped everything).

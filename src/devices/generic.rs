@@ -5,20 +5,18 @@
 //! directory read, no write, and no inotify watch to keep on a `/dev` that udev rewrites.
 
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use super::plugin;
 use super::proto::{self, device_plugin_server::DevicePlugin};
-use super::{HEALTHY, VERSION};
 use crate::registry::kinds::pod_rules::is_extended_resource;
 
 /// How often the directory is looked at.
-const SCAN_PERIOD: Duration = Duration::from_secs(2);
+pub(super) const SCAN_PERIOD: Duration = Duration::from_secs(2);
 
 /// A `--device` flag: the resource, and the directory and file-name pattern of its device nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +52,7 @@ impl std::str::FromStr for DeviceGlob {
 
 /// Whether `name` matches `pattern` (`*`: any run of characters, `?`: one character). Written here:
 /// a device glob is one file-name pattern, less than a glob crate is for.
-fn matches(pattern: &[char], name: &[char]) -> bool {
+pub(super) fn matches(pattern: &[char], name: &[char]) -> bool {
     match pattern.split_first() {
         None => name.is_empty(),
         Some(('*', rest)) => (0..=name.len()).any(|i| matches(rest, &name[i..])),
@@ -85,43 +83,14 @@ impl DeviceGlob {
         found.sort();
         found
     }
-
-    /// The plugin's socket name in the device-plugins directory.
-    fn socket_name(&self) -> String {
-        let name: String = self.resource.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-        format!("cairn-{name}.sock")
-    }
 }
 
 /// Serves the plugin for `glob` in the device-plugins directory `dir` and registers it, until
 /// `shutdown`.
 pub async fn run(glob: DeviceGlob, dir: PathBuf, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let (tx, devices) = watch::channel(glob.scan());
-    let socket = dir.join(glob.socket_name());
-    let listener =
-        crate::csi::bind_socket(&socket).map_err(|e| anyhow::anyhow!("listening on {}: {e}", socket.display()))?;
-    let plugin = Plugin { devices };
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let served = tonic::transport::Server::builder()
-            .add_service(proto::device_plugin_server::DevicePluginServer::new(plugin))
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), stop.cancelled())
-            .await;
-        if let Err(e) = served {
-            tracing::error!("device plugin {}: {e}", socket.display());
-        }
-    });
-    let channel = crate::runtime::cri::connect(&dir.join("kubelet.sock")).await?;
-    let req = proto::RegisterRequest {
-        version: VERSION.into(),
-        endpoint: glob.socket_name(),
-        resource_name: glob.resource.clone(),
-        options: Some(proto::DevicePluginOptions::default()),
-    };
-    proto::registration_client::RegistrationClient::new(channel)
-        .register(req)
-        .await
-        .map_err(|e| anyhow::anyhow!("registering {}: {}", glob.resource, e.message()))?;
+    let healthy = |paths: Vec<String>| paths.into_iter().map(|p| (p, true)).collect::<Vec<_>>();
+    let (tx, devices) = watch::channel(healthy(glob.scan()));
+    plugin::serve_and_register(Plugin { devices }, &glob.resource, &dir, &shutdown).await?;
     tracing::info!("--device {}: {} device(s) matching {}", glob.resource, tx.borrow().len(), glob.pattern);
     let mut tick = tokio::time::interval(SCAN_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -130,7 +99,7 @@ pub async fn run(glob: DeviceGlob, dir: PathBuf, shutdown: CancellationToken) ->
             _ = shutdown.cancelled() => return Ok(()),
             _ = tick.tick() => {}
         }
-        let now = glob.scan();
+        let now = healthy(glob.scan());
         tx.send_if_modified(|old| {
             let changed = *old != now;
             if changed {
@@ -142,15 +111,13 @@ pub async fn run(glob: DeviceGlob, dir: PathBuf, shutdown: CancellationToken) ->
     }
 }
 
-type Listing = Pin<Box<dyn futures::Stream<Item = Result<proto::ListAndWatchResponse, Status>> + Send>>;
-
 struct Plugin {
-    devices: watch::Receiver<Vec<String>>,
+    devices: plugin::Devices,
 }
 
 #[tonic::async_trait]
 impl DevicePlugin for Plugin {
-    type ListAndWatchStream = Listing;
+    type ListAndWatchStream = plugin::Listing;
 
     async fn get_device_plugin_options(
         &self,
@@ -159,13 +126,8 @@ impl DevicePlugin for Plugin {
         Ok(Response::new(proto::DevicePluginOptions::default()))
     }
 
-    async fn list_and_watch(&self, _: Request<proto::Empty>) -> Result<Response<Listing>, Status> {
-        let stream = tokio_stream::wrappers::WatchStream::new(self.devices.clone()).map(|paths| {
-            let devices =
-                paths.into_iter().map(|id| proto::Device { id, health: HEALTHY.into(), topology: None }).collect();
-            Ok(proto::ListAndWatchResponse { devices })
-        });
-        Ok(Response::new(Box::pin(stream)))
+    async fn list_and_watch(&self, _: Request<proto::Empty>) -> Result<Response<plugin::Listing>, Status> {
+        Ok(Response::new(plugin::listing(self.devices.clone())))
     }
 
     async fn get_preferred_allocation(
@@ -180,7 +142,7 @@ impl DevicePlugin for Plugin {
         &self,
         req: Request<proto::AllocateRequest>,
     ) -> Result<Response<proto::AllocateResponse>, Status> {
-        let present = self.devices.borrow().clone();
+        let present: Vec<String> = self.devices.borrow().iter().map(|(id, _)| id.clone()).collect();
         let mut container_responses = Vec::new();
         for c in req.into_inner().container_requests {
             let mut devices = Vec::new();
@@ -214,7 +176,7 @@ mod tests {
             (g.resource.as_str(), g.dir.as_path(), g.pattern.as_str()),
             ("cairn.io/serial", Path::new("/dev"), "ttyUSB*")
         );
-        assert_eq!(g.socket_name(), "cairn-cairn-io-serial.sock");
+        assert_eq!(plugin::socket_name(&g.resource), "cairn-cairn-io-serial.sock");
         let m = |p: &str, n: &str| matches(&p.chars().collect::<Vec<_>>(), &n.chars().collect::<Vec<_>>());
         assert!(m("ttyUSB*", "ttyUSB0") && m("ttyUSB*", "ttyUSB") && m("video?", "video1"));
         assert!(!m("ttyUSB*", "ttyS0") && !m("video?", "video10") && !m("video?", "video"));

@@ -14,6 +14,9 @@
 
 mod allocate;
 pub mod generic;
+pub mod nvidia;
+mod plugin;
+pub mod podresources;
 pub mod registration;
 #[cfg(test)]
 mod tests;
@@ -46,6 +49,8 @@ struct Resource {
     generation: u64,
     plugin: Option<proto::device_plugin_client::DevicePluginClient<tonic::transport::Channel>>,
     pre_start_required: bool,
+    /// The plugin answers GetPreferredAllocation.
+    preferred_allocation: bool,
 }
 
 #[derive(Default)]
@@ -92,11 +97,12 @@ impl Manager {
     }
 
     /// A plugin registered for `resource`: its generation, for the stream it opens.
-    fn registered(&self, resource: &str, pre_start_required: bool) -> u64 {
+    fn registered(&self, resource: &str, options: &proto::DevicePluginOptions) -> u64 {
         let mut all = self.lock();
         let r = all.resources.entry(resource.to_string()).or_default();
         r.generation += 1;
-        r.pre_start_required = pre_start_required;
+        r.pre_start_required = options.pre_start_required;
+        r.preferred_allocation = options.get_preferred_allocation_available;
         r.plugin = None;
         r.generation
     }

@@ -59,8 +59,7 @@ impl proto::registration_server::Registration for Registrar {
                 self.dir.display()
             )));
         }
-        let pre_start = req.options.as_ref().is_some_and(|o| o.pre_start_required);
-        let generation = self.manager.registered(&req.resource_name, pre_start);
+        let generation = self.manager.registered(&req.resource_name, &req.options.unwrap_or_default());
         tracing::info!("device plugin for {} registered at {}", req.resource_name, req.endpoint);
         tokio::spawn(follow(
             self.manager.clone(),

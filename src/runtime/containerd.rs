@@ -83,6 +83,23 @@ pub struct Settings {
     pub sandbox_image: String,
     pub cni_bin_dir: PathBuf,
     pub cni_conf_dir: PathBuf,
+    /// Runtime handlers beside runc, each a runc-compatible binary (NVIDIA's container runtime).
+    pub runtimes: Vec<(String, PathBuf)>,
+}
+
+/// The configuration of runtime handlers beside runc (the `{{runtimes}}` placeholder): each runs
+/// through the runc shim with its own binary, as k3s configures NVIDIA's runtimes.
+fn runtimes(runtimes: &[(String, PathBuf)], systemd_cgroup: bool) -> String {
+    let cri = r#"[plugins."io.containerd.grpc.v1.cri".containerd.runtimes"#;
+    runtimes
+        .iter()
+        .map(|(name, binary)| {
+            format!(
+                "{cri}.{name:?}]\n  runtime_type = \"io.containerd.runc.v2\"\n\n{cri}.{name:?}.options]\n  BinaryName = {:?}\n  SystemdCgroup = {systemd_cgroup}\n\n",
+                binary.display().to_string()
+            )
+        })
+        .collect()
 }
 
 /// The cgroup driver containerd and the agent agree on: systemd where systemd runs the unified (v2)
@@ -186,6 +203,7 @@ pub fn write_config(settings: &Settings) -> Result<PathBuf> {
         ("systemd_cgroup", systemd_cgroup_driver().to_string()),
         ("cni_bin_dir", path_str(settings.cni_bin_dir.clone())),
         ("cni_conf_dir", path_str(settings.cni_conf_dir.clone())),
+        ("runtimes", runtimes(&settings.runtimes, systemd_cgroup_driver())),
     ];
     let template_path = layout.template();
     let (template, origin) = match std::fs::read_to_string(&template_path) {
@@ -417,10 +435,13 @@ mod tests {
             sandbox_image: "localhost/cairn/pause:1".into(),
             cni_bin_dir: dir.path().join("bin"),
             cni_conf_dir: dir.path().join("conf"),
+            runtimes: vec![("nvidia".into(), "/usr/bin/nvidia-container-runtime".into())],
         };
         let path = write_config(&settings).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains("{{"), "{text}");
+        let nvidia = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.\"nvidia\".options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"";
+        assert!(text.contains(nvidia), "{text}");
         assert!(text.contains("sandbox_image = \"localhost/cairn/pause:1\""), "{text}");
         assert!(text.contains(&format!("address = \"{}\"", settings.layout.socket().display())), "{text}");
         let restrict = format!("restrict_oom_score_adj = {}", !has_cap_sys_resource());

@@ -47,6 +47,8 @@ pub struct Config {
     pub cni_conf_dir: Option<PathBuf>,
     /// The cluster's pod network (`--cluster-cidr`).
     pub cluster_cidr: net::Cidr,
+    /// Runtime handlers beside runc (NVIDIA's container runtimes): name → binary.
+    pub runtimes: Vec<(String, PathBuf)>,
 }
 
 impl Config {
@@ -125,6 +127,7 @@ pub async fn start(cfg: &Config, shutdown: CancellationToken) -> Result<Runtime>
                 sandbox_image: PAUSE_IMAGE.into(),
                 cni_bin_dir: cfg.cni_bin_dir(),
                 cni_conf_dir: cfg.cni_conf_dir(),
+                runtimes: cfg.runtimes.clone(),
             };
             let supervisor = containerd::start(&settings, shutdown.clone()).await?;
             (layout.socket(), Some(supervisor))
