@@ -271,7 +271,8 @@ async fn a_plugin_that_prefers_devices_chooses_and_pod_resources_lists_the_assig
     let channel = crate::runtime::cri::connect(&socket_dir.join("kubelet.sock")).await.unwrap();
     let mut client = PodResourcesListerClient::new(channel);
     let listed = client.list(pr::ListPodResourcesRequest {}).await.unwrap().into_inner().pod_resources;
-    let summary: Vec<(String, Vec<(String, Vec<String>)>)> = listed
+    type Containers = Vec<(String, Vec<String>)>;
+    let summary: Vec<(String, Containers)> = listed
         .iter()
         .map(|p| {
             let containers = p
