@@ -6,7 +6,11 @@
 //! one; an unhealthy device leaves allocatable, and killing the plugin drops allocatable to 0 with
 //! capacity kept, as kubelet does. `--device cairn.io/fake=<dir>/fakedev*` offers fake device nodes
 //! (made with mknod as /dev/null's 1:3): one each to two pods at the same path, a third waits until a
-//! third device node appears.
+//! third device node appears. A fake NVIDIA driver tree (`--gpu-discovery-root`: GPU device nodes,
+//! `/proc/driver/nvidia`, a library, `nvidia-smi` and `nvidia-container-runtime` as scripts) gives
+//! two GPUs: Node labels, capacity, one GPU and the control nodes per pod, a third pod waiting,
+//! pod-resources listing the assignments, the `nvidia` RuntimeClass running a pod through that
+//! runtime, the same GPUs after kill -9, and a GPU whose node goes turning unhealthy.
 //!
 //! Needs root, containerd and runc (`.ci/run` installs them).
 
@@ -27,6 +31,12 @@ mod oci_image;
 #[allow(clippy::all, clippy::pedantic)]
 mod proto {
     tonic::include_proto!("v1beta1");
+}
+
+/// The pod-resources API, generated from `proto/podresources.proto`.
+#[allow(clippy::all, clippy::pedantic)]
+mod podresources {
+    tonic::include_proto!("v1");
 }
 
 use std::pin::Pin;
@@ -232,6 +242,122 @@ fn check_generic_devices(node: &Server, fakes: &std::path::Path) {
     node.ok(&["delete", "pod", "g1", "g2", "g3", "--wait=false"]);
 }
 
+const UUIDS: [&str; 2] = ["GPU-0aaaaaaa-0000-0000-0000-000000000000", "GPU-1bbbbbbb-0000-0000-0000-000000000000"];
+
+/// A driver tree as NVIDIA's installs it, with fake device nodes; the runtime runs runc, noting
+/// each call in `runtime.log`.
+fn fake_gpu_root(root: &std::path::Path) {
+    let write = |path: &str, text: &str, mode: u32| {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    };
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    for n in ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"] {
+        mknod(&root.join("dev").join(n));
+    }
+    for (minor, uuid) in UUIDS.iter().enumerate() {
+        let info = format!("Model: \t\t NVIDIA Fake GPU\nGPU UUID: \t {uuid}\nDevice Minor: \t {minor}\n");
+        write(&format!("proc/driver/nvidia/gpus/0000:0{minor}:00.0/information"), &info, 0o644);
+    }
+    write("usr/lib/x86_64-linux-gnu/libcuda.so.1", "fake libcuda\n", 0o644);
+    write("usr/bin/nvidia-smi", "#!/bin/sh\necho 16384\n", 0o755);
+    let runc =
+        String::from_utf8(std::process::Command::new("sh").args(["-c", "command -v runc"]).output().unwrap().stdout)
+            .unwrap();
+    let runtime = format!("#!/bin/sh\necho \"$@\" >> {}/runtime.log\nexec {} \"$@\"\n", root.display(), runc.trim());
+    write("usr/bin/nvidia-container-runtime", &runtime, 0o755);
+}
+
+/// The GPU the pod's container was given: the NVIDIA device nodes it sees are exactly that GPU's and
+/// the control nodes, and `NVIDIA_VISIBLE_DEVICES` names it.
+fn gpu_of(node: &Server, pod: &str) -> usize {
+    let seen = node.ok(&["exec", pod, "--", "sh", "-c", "ls /dev | grep nvidia"]);
+    let mut seen: Vec<&str> = seen.lines().collect();
+    seen.sort();
+    let gpu = seen.iter().find_map(|n| n.strip_prefix("nvidia")?.parse::<usize>().ok()).expect("a GPU node");
+    let want = [format!("nvidia{gpu}").as_str(), "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
+        .map(String::from);
+    let mut want = want.to_vec();
+    want.sort();
+    assert_eq!(seen, want, "exactly one GPU and the control nodes");
+    let visible = node.ok(&["exec", pod, "--", "sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES"]);
+    assert_eq!(visible.trim(), UUIDS[gpu]);
+    gpu
+}
+
+fn gpus(node: &Server, field: &str) -> String {
+    quantity(node, field, "nvidia\\.com/gpu")
+}
+
+fn label(node: &Server, name: &str) -> String {
+    let name = name.replace('.', "\\.");
+    node.ok(&["get", "nodes", "-o", &format!("jsonpath={{.items[0].metadata.labels.{name}}}")])
+}
+
+/// The GPUs of the fake driver tree `root`, before kill -9: (gpu1's GPU, gpu2's).
+fn check_gpus(node: &Server, root: &std::path::Path, runtime: &tokio::runtime::Runtime) -> (usize, usize) {
+    eventually(10, || (gpus(node, "allocatable") == "2").then_some(()));
+    let labels = ["present", "count", "product", "memory"].map(|l| label(node, &format!("nvidia.com/gpu.{l}")));
+    assert_eq!(labels, ["true", "2", "NVIDIA-Fake-GPU", "16384"].map(String::from));
+    assert_eq!(get(node, "runtimeclass/nvidia", "{.handler}"), "nvidia");
+
+    node.ok_stdin(&["apply", "-f", "-"], &pod_of("gpu1", "nvidia.com/gpu"));
+    node.ok_stdin(&["apply", "-f", "-"], &pod_of("gpu2", "nvidia.com/gpu"));
+    running(node, "gpu1");
+    running(node, "gpu2");
+    let (a, b) = (gpu_of(node, "gpu1"), gpu_of(node, "gpu2"));
+    assert_ne!(a, b);
+    let lib = node.ok(&["exec", "gpu1", "--", "cat", "/usr/local/nvidia/lib64/libcuda.so.1"]);
+    assert_eq!(lib, "fake libcuda\n", "the driver's libraries where CUDA images look");
+    assert_eq!(node.ok(&["exec", "gpu1", "--", "/usr/local/nvidia/bin/nvidia-smi"]).trim(), "16384");
+    node.ok_stdin(&["apply", "-f", "-"], &pod_of("gpu3", "nvidia.com/gpu"));
+    eventually(30, || {
+        let events = node.ok(&["get", "events", "--field-selector", "involvedObject.name=gpu3"]);
+        events.contains("Insufficient nvidia.com/gpu").then_some(())
+    });
+
+    // What monitoring exporters read.
+    let socket = node.dir.path().join("kubelet/pod-resources/kubelet.sock");
+    let listed = runtime.block_on(async {
+        use podresources::pod_resources_lister_client::PodResourcesListerClient;
+        let mut client = PodResourcesListerClient::new(cri::connect(&socket).await.expect("pod-resources socket"));
+        client.list(podresources::ListPodResourcesRequest {}).await.unwrap().into_inner().pod_resources
+    });
+    let devices_of = |name: &str| {
+        let pod = listed.iter().find(|p| p.name == name).unwrap_or_else(|| panic!("{name} listed: {listed:?}"));
+        let devices = pod.containers.iter().flat_map(|c| &c.devices);
+        devices.flat_map(|d| d.device_ids.iter().map(|id| format!("{}={id}", d.resource_name))).collect::<Vec<_>>()
+    };
+    assert_eq!(devices_of("gpu1"), [format!("nvidia.com/gpu={}", UUIDS[a])]);
+    assert_eq!(devices_of("gpu2"), [format!("nvidia.com/gpu={}", UUIDS[b])]);
+
+    // The nvidia RuntimeClass runs its pod through NVIDIA's runtime (here, the script).
+    let rc = pod_of("rc", "nvidia.com/gpu").replace("spec:\n", "spec:\n  runtimeClassName: nvidia\n");
+    node.ok_stdin(&["apply", "-f", "-"], &rc.replace("    resources: {limits: {nvidia.com/gpu: 1}}\n", ""));
+    running(node, "rc");
+    let log = std::fs::read_to_string(root.join("runtime.log")).unwrap_or_default();
+    assert!(log.contains("create"), "the nvidia handler ran NVIDIA's runtime: {log:?}");
+    node.ok(&["delete", "pod", "rc", "--wait=false"]);
+    (a, b)
+}
+
+/// After kill -9: the same GPUs; the one freed goes to the waiting pod; a GPU whose node goes is
+/// unhealthy.
+fn check_gpus_after_restart(node: &Server, root: &std::path::Path, (a, b): (usize, usize)) {
+    eventually(10, || (gpus(node, "allocatable") == "2").then_some(()));
+    assert_eq!((gpu_of(node, "gpu1"), gpu_of(node, "gpu2")), (a, b));
+    assert_eq!(get(node, "pod/gpu3", "{.status.phase}"), "Pending");
+    node.ok(&["delete", "pod", "gpu1"]);
+    running(node, "gpu3");
+    assert_eq!(gpu_of(node, "gpu3"), a);
+    node.ok(&["delete", "pod", "gpu2", "gpu3", "--wait=false"]);
+    std::fs::remove_file(root.join("dev/nvidia1")).unwrap();
+    eventually(10, || (gpus(node, "allocatable") == "1").then_some(()));
+    assert_eq!(gpus(node, "capacity"), "2");
+}
+
 #[test]
 fn device_plugins_register_and_their_devices_go_to_one_pod_each() {
     let fakes = tempfile::tempdir().unwrap();
@@ -239,12 +365,16 @@ fn device_plugins_register_and_their_devices_go_to_one_pod_each() {
     mknod(&fakes.path().join("fakedev1"));
     std::fs::write(fakes.path().join("fakedev-not-a-device"), "").unwrap();
     let flag = format!("cairn.io/fake={}/fakedev?", fakes.path().display());
-    let mut node = Node::start_with(CIDR, &["--device", &flag]);
+    let gpu_root = tempfile::tempdir().unwrap();
+    fake_gpu_root(gpu_root.path());
+    let gpu_root_flag = gpu_root.path().display().to_string();
+    let mut node = Node::start_with(CIDR, &["--device", &flag, "--gpu-discovery-root", &gpu_root_flag]);
     eventually(60, || node_ready(&node));
-    check_generic_devices(&node, fakes.path());
-    let dir = node.dir.path().join("kubelet/device-plugins");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let _entered = runtime.enter();
+    check_generic_devices(&node, fakes.path());
+    let gpus = check_gpus(&node, gpu_root.path(), &runtime);
+    let dir = node.dir.path().join("kubelet/device-plugins");
     let (devices, listed) = watch::channel(vec![("dev-a".to_string(), true), ("dev-b".to_string(), true)]);
     let stop = tokio_util::sync::CancellationToken::new();
     let socket = dir.join("example.sock");
@@ -297,6 +427,7 @@ fn device_plugins_register_and_their_devices_go_to_one_pod_each() {
     running(&node, "three");
     assert_eq!(device_of(&node, "three"), first);
     node.ok(&["delete", "pod", "two", "three", "--wait=false"]);
+    check_gpus_after_restart(&node, gpu_root.path(), gpus);
 
     // Health: an unhealthy device leaves allocatable; the plugin killed leaves capacity only.
     devices.send_replace(vec![("dev-a".to_string(), true), ("dev-b".to_string(), false)]);
