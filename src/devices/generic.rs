@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use super::plugin;
-use super::proto::{self, device_plugin_server::DevicePlugin};
+use super::proto;
 use crate::registry::kinds::pod_rules::is_extended_resource;
 
 /// How often the directory is looked at.
@@ -90,7 +90,7 @@ impl DeviceGlob {
 pub async fn run(glob: DeviceGlob, dir: PathBuf, shutdown: CancellationToken) -> anyhow::Result<()> {
     let healthy = |paths: Vec<String>| paths.into_iter().map(|p| (p, true)).collect::<Vec<_>>();
     let (tx, devices) = watch::channel(healthy(glob.scan()));
-    plugin::serve_and_register(Plugin { devices }, &glob.resource, &dir, &shutdown).await?;
+    plugin::serve_and_register(devices.clone(), Nodes(devices), &glob.resource, &dir, &shutdown).await?;
     tracing::info!("--device {}: {} device(s) matching {}", glob.resource, tx.borrow().len(), glob.pattern);
     let mut tick = tokio::time::interval(SCAN_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -111,57 +111,24 @@ pub async fn run(glob: DeviceGlob, dir: PathBuf, shutdown: CancellationToken) ->
     }
 }
 
-struct Plugin {
-    devices: plugin::Devices,
-}
+/// Each device node at its own path, readable and writable, while it is there.
+struct Nodes(plugin::Devices);
 
-#[tonic::async_trait]
-impl DevicePlugin for Plugin {
-    type ListAndWatchStream = plugin::Listing;
-
-    async fn get_device_plugin_options(
-        &self,
-        _: Request<proto::Empty>,
-    ) -> Result<Response<proto::DevicePluginOptions>, Status> {
-        Ok(Response::new(proto::DevicePluginOptions::default()))
-    }
-
-    async fn list_and_watch(&self, _: Request<proto::Empty>) -> Result<Response<plugin::Listing>, Status> {
-        Ok(Response::new(plugin::listing(self.devices.clone())))
-    }
-
-    async fn get_preferred_allocation(
-        &self,
-        _: Request<proto::PreferredAllocationRequest>,
-    ) -> Result<Response<proto::PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented("no preference"))
-    }
-
-    /// Each device node at its own path, readable and writable.
-    async fn allocate(
-        &self,
-        req: Request<proto::AllocateRequest>,
-    ) -> Result<Response<proto::AllocateResponse>, Status> {
-        let present: Vec<String> = self.devices.borrow().iter().map(|(id, _)| id.clone()).collect();
-        let mut container_responses = Vec::new();
-        for c in req.into_inner().container_requests {
-            let mut devices = Vec::new();
-            for id in c.devices_ids {
-                if !present.contains(&id) {
-                    return Err(Status::not_found(format!("device {id} is gone")));
-                }
-                devices.push(proto::DeviceSpec { container_path: id.clone(), host_path: id, permissions: "rw".into() });
-            }
-            container_responses.push(proto::ContainerAllocateResponse { devices, ..Default::default() });
-        }
-        Ok(Response::new(proto::AllocateResponse { container_responses }))
-    }
-
-    async fn pre_start_container(
-        &self,
-        _: Request<proto::PreStartContainerRequest>,
-    ) -> Result<Response<proto::PreStartContainerResponse>, Status> {
-        Ok(Response::new(proto::PreStartContainerResponse {}))
+impl plugin::Allocator for Nodes {
+    fn allocate(&self, ids: &[String]) -> Result<proto::ContainerAllocateResponse, Status> {
+        let present = self.0.borrow();
+        let devices = ids
+            .iter()
+            .map(|id| match present.iter().any(|(p, _)| p == id) {
+                true => Ok(proto::DeviceSpec {
+                    container_path: id.clone(),
+                    host_path: id.clone(),
+                    permissions: "rw".into(),
+                }),
+                false => Err(Status::not_found(format!("device {id} is gone"))),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(proto::ContainerAllocateResponse { devices, ..Default::default() })
     }
 }
 

@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use super::plugin;
-use super::proto::{self, device_plugin_server::DevicePlugin};
+use super::proto;
 
 /// The resource GPUs are offered as (the NVIDIA device plugin's).
 pub const RESOURCE: &str = "nvidia.com/gpu";
@@ -304,7 +304,7 @@ pub async fn run(gpus: Gpus, cdi: bool, dir: PathBuf, shutdown: CancellationToke
     let (tx, devices) = watch::channel(gpus.health());
     let count = gpus.gpus.len();
     let gpus = std::sync::Arc::new(gpus);
-    plugin::serve_and_register(Plugin { gpus: gpus.clone(), devices, cdi }, RESOURCE, &dir, &shutdown).await?;
+    plugin::serve_and_register(devices, Allocator { gpus: gpus.clone(), cdi }, RESOURCE, &dir, &shutdown).await?;
     tracing::info!("offering {count} NVIDIA GPU(s) as {RESOURCE}");
     let mut tick = tokio::time::interval(super::generic::SCAN_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -330,52 +330,15 @@ pub async fn run(gpus: Gpus, cdi: bool, dir: PathBuf, shutdown: CancellationToke
     }
 }
 
-struct Plugin {
+/// The GPUs' Allocate answers; `cdi`: the runtime passes CDI devices on.
+struct Allocator {
     gpus: std::sync::Arc<Gpus>,
-    devices: plugin::Devices,
     cdi: bool,
 }
 
-#[tonic::async_trait]
-impl DevicePlugin for Plugin {
-    type ListAndWatchStream = plugin::Listing;
-
-    async fn get_device_plugin_options(
-        &self,
-        _: Request<proto::Empty>,
-    ) -> Result<Response<proto::DevicePluginOptions>, Status> {
-        Ok(Response::new(proto::DevicePluginOptions::default()))
-    }
-
-    async fn list_and_watch(&self, _: Request<proto::Empty>) -> Result<Response<plugin::Listing>, Status> {
-        Ok(Response::new(plugin::listing(self.devices.clone())))
-    }
-
-    async fn get_preferred_allocation(
-        &self,
-        _: Request<proto::PreferredAllocationRequest>,
-    ) -> Result<Response<proto::PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented("no preference"))
-    }
-
-    async fn allocate(
-        &self,
-        req: Request<proto::AllocateRequest>,
-    ) -> Result<Response<proto::AllocateResponse>, Status> {
-        let container_responses = req
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|c| self.gpus.allocate(&c.devices_ids, self.cdi))
-            .collect::<Result<_, _>>()?;
-        Ok(Response::new(proto::AllocateResponse { container_responses }))
-    }
-
-    async fn pre_start_container(
-        &self,
-        _: Request<proto::PreStartContainerRequest>,
-    ) -> Result<Response<proto::PreStartContainerResponse>, Status> {
-        Ok(Response::new(proto::PreStartContainerResponse {}))
+impl plugin::Allocator for Allocator {
+    fn allocate(&self, ids: &[String]) -> Result<proto::ContainerAllocateResponse, Status> {
+        self.gpus.allocate(ids, self.cdi)
     }
 }
 

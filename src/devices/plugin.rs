@@ -8,7 +8,7 @@ use std::pin::Pin;
 use futures::StreamExt as _;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
+use tonic::{Request, Response, Status};
 
 use super::proto::{self, device_plugin_server::DevicePlugin};
 use super::{HEALTHY, VERSION};
@@ -40,14 +40,68 @@ pub fn socket_name(resource: &str) -> String {
     format!("cairn-{name}.sock")
 }
 
-/// Serves `plugin` in the device-plugins directory `dir` until `shutdown`, and registers it for
-/// `resource`.
-pub async fn serve_and_register<P: DevicePlugin>(
-    plugin: P,
+/// What a built-in plugin answers to Allocate for one container's devices.
+pub trait Allocator: Send + Sync + 'static {
+    fn allocate(&self, ids: &[String]) -> Result<proto::ContainerAllocateResponse, Status>;
+}
+
+/// A built-in plugin: its devices as a watch channel, its Allocate answers from `allocator`; no
+/// preferred allocation, nothing to do before a container starts.
+struct Builtin<A> {
+    devices: Devices,
+    allocator: A,
+}
+
+#[tonic::async_trait]
+impl<A: Allocator> DevicePlugin for Builtin<A> {
+    type ListAndWatchStream = Listing;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<proto::Empty>,
+    ) -> Result<Response<proto::DevicePluginOptions>, Status> {
+        Ok(Response::new(proto::DevicePluginOptions::default()))
+    }
+
+    async fn list_and_watch(&self, _: Request<proto::Empty>) -> Result<Response<Listing>, Status> {
+        Ok(Response::new(listing(self.devices.clone())))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<proto::PreferredAllocationRequest>,
+    ) -> Result<Response<proto::PreferredAllocationResponse>, Status> {
+        Err(Status::unimplemented("no preference"))
+    }
+
+    async fn allocate(
+        &self,
+        req: Request<proto::AllocateRequest>,
+    ) -> Result<Response<proto::AllocateResponse>, Status> {
+        let requests = req.into_inner().container_requests;
+        let container_responses =
+            requests.iter().map(|c| self.allocator.allocate(&c.devices_ids)).collect::<Result<_, _>>()?;
+        Ok(Response::new(proto::AllocateResponse { container_responses }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<proto::PreStartContainerRequest>,
+    ) -> Result<Response<proto::PreStartContainerResponse>, Status> {
+        Ok(Response::new(proto::PreStartContainerResponse {}))
+    }
+}
+
+/// Serves a built-in plugin for `resource` (its `devices`, answered by `allocator`) in the
+/// device-plugins directory `dir` until `shutdown`, and registers it.
+pub async fn serve_and_register(
+    devices: Devices,
+    allocator: impl Allocator,
     resource: &str,
     dir: &Path,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
+    let plugin = Builtin { devices, allocator };
     let socket = dir.join(socket_name(resource));
     let listener =
         crate::csi::bind_socket(&socket).map_err(|e| anyhow::anyhow!("listening on {}: {e}", socket.display()))?;
