@@ -3,9 +3,12 @@
 //! In one run, against one `cairn server` started with `--device cairn.io/fake=<dir>/fake*` over fake
 //! device nodes (mknod 1:3, as /dev/null):
 //! 1. Pod start-up, create → Running through a watch, one at a time: a pod asking for nothing (the
-//!    baseline) and a pod asking for one `cairn.io/fake` (admission, Allocate, the device node in
-//!    its container), alternated so that both see the same machine. Pods stay until the end, so
-//!    every device pod gets a device of its own.
+//!    baseline), a pod asking for one `cairn.io/fake` (admission, Allocate, the device node in its
+//!    container) and a pod asking for one `nvidia.com/gpu` of the built-in NVIDIA plugin (a fake
+//!    driver tree under `--gpu-discovery-root`: the GPU and control nodes and a library mounted),
+//!    alternated so that all see the same machine. Device pods stay until the end, so every one gets
+//!    a device of its own; each plain pod is deleted (and gone) before the next round, so that the
+//!    node's 110 pods (kubelet's `--max-pods`) hold all of them.
 //! 2. A device node appearing → the Node's allocatable showing it, one node at a time.
 //!
 //! Nothing is asserted; figures go to stdout and `target/bench-devices.json`.
@@ -30,6 +33,7 @@ use busybox::BUSYBOX;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::runtime::wait::{await_condition, conditions};
 use node::Cairn;
 use serde_json::{Value, json};
 
@@ -53,8 +57,26 @@ fn mknod(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn pod(name: &str, device: bool) -> Result<Pod> {
-    let resources = if device { json!({"limits": {RESOURCE: "1"}}) } else { json!({}) };
+/// A fake NVIDIA driver tree with `gpus` GPUs under `root`.
+fn fake_gpus(root: &Path, gpus: usize) -> Result<()> {
+    std::fs::create_dir_all(root.join("dev"))?;
+    for i in 0..gpus {
+        mknod(&root.join(format!("dev/nvidia{i}")))?;
+    }
+    for n in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"] {
+        mknod(&root.join("dev").join(n))?;
+    }
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib)?;
+    std::fs::write(lib.join("libcuda.so.1"), "fake")?;
+    Ok(())
+}
+
+fn pod(name: &str, resource: Option<&str>) -> Result<Pod> {
+    let resources = match resource {
+        Some(r) => json!({"limits": {r: "1"}}),
+        None => json!({}),
+    };
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"bench": "devices"}},
         "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "main", "image": BUSYBOX,
@@ -79,6 +101,15 @@ async fn start_up(pods: &Api<Pod>, pod: Pod) -> Result<f64> {
             return Ok(at.elapsed().as_secs_f64() * 1000.0);
         }
     }
+}
+
+/// Deletes the pod and waits until it is gone from the API.
+async fn delete_and_wait(pods: &Api<Pod>, name: &str) -> Result<()> {
+    let uid = pods.get(name).await?.metadata.uid;
+    pods.delete(name, &DeleteParams::default()).await?;
+    let gone = await_condition(pods.clone(), name, conditions::is_deleted(uid.as_deref().unwrap_or_default()));
+    tokio::time::timeout(Duration::from_secs(60), gone).await.context("pod not gone in time")??;
+    Ok(())
 }
 
 fn allocatable(node: &Node) -> i64 {
@@ -117,23 +148,31 @@ async fn main() -> Result<()> {
         mknod(&fakes.path().join(format!("fake{i}")))?;
     }
     let flag = format!("{RESOURCE}={}/fake*", fakes.path().display());
-    let cairn = Cairn::start_with("10.44.0.0/16", &["--device".into(), flag])?;
+    let gpu_root = tempfile::tempdir()?;
+    fake_gpus(gpu_root.path(), runs)?;
+    let gpu_flag = gpu_root.path().display().to_string();
+    let cairn = Cairn::start_with("10.44.0.0/16", &["--device".into(), flag, "--gpu-discovery-root".into(), gpu_flag])?;
     let client = cairn.client().await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let nodes: Api<Node> = Api::all(client.clone());
     // Let start-up settle (first heartbeat, the plugin's registration) before measuring.
     tokio::time::sleep(Duration::from_secs(10)).await;
 
-    let (mut plain, mut device) = (vec![], vec![]);
+    let (mut plain, mut device, mut gpu) = (vec![], vec![], vec![]);
     for i in 0..runs {
-        plain.push(start_up(&pods, pod(&format!("plain-{i}"), false)?).await?);
-        device.push(start_up(&pods, pod(&format!("device-{i}"), true)?).await?);
+        let name = format!("plain-{i}");
+        plain.push(start_up(&pods, pod(&name, None)?).await?);
+        delete_and_wait(&pods, &name).await?;
+        device.push(start_up(&pods, pod(&format!("device-{i}"), Some(RESOURCE))?).await?);
+        gpu.push(start_up(&pods, pod(&format!("gpu-{i}"), Some("nvidia.com/gpu"))?).await?);
     }
-    let (plain, device) = (summary(plain), summary(device));
-    let ratio = |k: &str| device[k].as_f64().unwrap_or(f64::NAN) / plain[k].as_f64().unwrap_or(f64::NAN);
-    let (ratio_p50, ratio_p99) = (ratio("p50_ms"), ratio("p99_ms"));
+    let (plain, device, gpu) = (summary(plain), summary(device), summary(gpu));
+    let ratio = |of: &Value, k: &str| of[k].as_f64().unwrap_or(f64::NAN) / plain[k].as_f64().unwrap_or(f64::NAN);
+    let (ratio_p50, ratio_p99) = (ratio(&device, "p50_ms"), ratio(&device, "p99_ms"));
+    let (gpu_p50, gpu_p99) = (ratio(&gpu, "p50_ms"), ratio(&gpu, "p99_ms"));
     println!("pod asking for nothing -> Running: {plain}");
     println!("pod asking for one {RESOURCE} -> Running: {device} ({ratio_p50:.2}x p50, {ratio_p99:.2}x p99)");
+    println!("pod asking for one nvidia.com/gpu -> Running: {gpu} ({gpu_p50:.2}x p50, {gpu_p99:.2}x p99)");
     pods.delete_collection(&DeleteParams::default(), &ListParams::default().labels("bench=devices")).await?;
 
     let mut appeared = vec![];
@@ -147,6 +186,8 @@ async fn main() -> Result<()> {
         "pod_plain_to_running": plain,
         "pod_with_device_to_running": device,
         "pod_with_device_vs_plain": {"p50": ratio_p50, "p99": ratio_p99},
+        "pod_with_gpu_to_running": gpu,
+        "pod_with_gpu_vs_plain": {"p50": gpu_p50, "p99": gpu_p99},
         "device_node_to_allocatable": appeared,
     });
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-devices.json");
