@@ -79,6 +79,8 @@ mod protobuf_table {
         "api::policy::v1",
         "api::storage::v1",
         "api::node::v1",
+        "api::apps::v1",
+        "api::autoscaling::v1",
     ];
     /// Kinds accepted under any apiVersion, as clients send them with the group version of the request.
     const ANY_VERSION_KINDS: &[&str] = &["apimachinery::pkg::apis::meta::v1::DeleteOptions"];

@@ -16,16 +16,18 @@
 //! `CAIRN_BENCH_CLIENTS` [64]; `CAIRN_BENCH_TIMEOUT_SECS` [180] per scenario; `CAIRN_BENCH_BIN`, another
 //! cairn binary to measure.
 
+#[path = "common/api_server.rs"]
+mod api_server;
 #[path = "common/binary.rs"]
 mod binary;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use api_server::Cairn;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
@@ -68,68 +70,6 @@ struct Outcome {
     kib_per_node: f64,
 }
 
-struct Cairn {
-    child: Child,
-    _dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-}
-
-impl Drop for Cairn {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Cairn {
-    async fn start() -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let kubeconfig = dir.path().join("kubeconfig.yaml");
-        let child = Command::new(binary::cairn_bin())
-            .args([
-                "server",
-                "--disable-agent",
-                "--bind-address",
-                "127.0.0.1",
-                "--https-listen-port",
-                "0",
-                "--log",
-                "warn",
-            ])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--write-kubeconfig")
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting cairn")?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !kubeconfig.exists() {
-            if Instant::now() > deadline {
-                bail!("cairn did not write its kubeconfig in 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(Cairn { child, _dir: dir, kubeconfig })
-    }
-
-    async fn client(&self) -> Result<kube::Client> {
-        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-        Ok(kube::Client::try_from(config)?)
-    }
-
-    fn rss_kib(&self) -> Result<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .context("no VmRSS")
-    }
-}
-
 fn node(i: usize, cordoned: bool) -> Node {
     let resources = json!({"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "16"});
     serde_json::from_value(json!({
@@ -159,14 +99,6 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
     let client = cairn.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    // Ready once it answers.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = nodes.list(&ListParams::default().limit(1)).await {
-        if Instant::now() > deadline {
-            bail!("cairn did not answer in 30 s: {e}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_before = cairn.rss_kib()?;
     eprintln!("  creating {} nodes", sc.nodes);

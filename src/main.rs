@@ -8,6 +8,7 @@ mod controllers;
 mod csi;
 mod devices;
 mod events;
+mod labels;
 mod net;
 mod registry;
 mod runtime;

@@ -245,6 +245,22 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
             let obj = state.registry.get(&t.resource, t.namespace.as_deref(), name)?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, obj, &[]))
         }
+        (&Method::GET, Some(name), Some(Subresource::Scale)) => {
+            let scale = state.registry.get_scale(&t.resource, t.namespace.as_deref(), name)?;
+            Ok(codec::json_bytes(StatusCode::OK, scale))
+        }
+        (&Method::PUT, Some(name), Some(Subresource::Scale)) => {
+            let scale = codec::parse_body(&headers, &body)?;
+            let opts = query.write_options()?;
+            let scale = state.registry.update_scale(&t.resource, t.namespace.as_deref(), name, scale, &opts).await?;
+            Ok(codec::json_bytes(StatusCode::OK, scale))
+        }
+        (&Method::PATCH, Some(name), Some(Subresource::Scale)) => {
+            let opts = query.write_options()?;
+            let pt = patch_type(&codec::content_type(&headers))?;
+            let scale = state.registry.patch_scale(&t.resource, t.namespace.as_deref(), name, &body, pt, &opts).await?;
+            Ok(codec::json_bytes(StatusCode::OK, scale))
+        }
         (&Method::GET, Some(name), Some(Subresource::Log)) => {
             super::logs::pod_log(state, t.namespace.as_deref().unwrap_or_default(), name, &query.0).await
         }
@@ -325,21 +341,26 @@ async fn patch(
             }
         }
     } else {
-        let pt = PatchType::from_content_type(&ct).ok_or_else(|| {
-            StatusError::unsupported_media_type(
-                &ct,
-                &[
-                    "application/json-patch+json",
-                    "application/merge-patch+json",
-                    "application/apply-patch+yaml",
-                    "application/strategic-merge-patch+json",
-                ],
-            )
-        })?;
+        let pt = patch_type(&ct)?;
         state.registry.patch(r, ns, name, body, pt, t.sub, &opts).await?
     };
     let code = if w.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok(codec::object(r, code, format, w.object, &w.warnings))
+}
+
+/// The patch format a PATCH's content type names.
+fn patch_type(ct: &str) -> Result<PatchType> {
+    PatchType::from_content_type(ct).ok_or_else(|| {
+        StatusError::unsupported_media_type(
+            ct,
+            &[
+                "application/json-patch+json",
+                "application/merge-patch+json",
+                "application/apply-patch+yaml",
+                "application/strategic-merge-patch+json",
+            ],
+        )
+    })
 }
 
 /// Reads `DeleteOptions` from the body (if any) and the query.

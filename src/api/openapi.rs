@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::core::v1::Binding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ListMeta, Patch, Status, WatchEvent};
 use schemars::SchemaGenerator;
@@ -109,6 +110,7 @@ const WATCH_EVENT: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.WatchEvent";
 const PATCH: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Patch";
 const LIST_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta";
 const BINDING: &str = "io.k8s.api.core.v1.Binding";
+const SCALE: &str = "io.k8s.api.autoscaling.v1.Scale";
 const INT_OR_STRING: &str = "io.k8s.apimachinery.pkg.util.intstr.IntOrString";
 const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 /// Kinds whose `metadata` upstream declares required; k8s-openapi marks it required everywhere.
@@ -178,6 +180,7 @@ impl Schemas {
         generator.subschema_for::<Patch>();
         generator.subschema_for::<ListMeta>();
         generator.subschema_for::<Binding>();
+        generator.subschema_for::<Scale>();
         let mut definitions = generator.take_definitions(false);
         definitions.extend(inline);
 
@@ -200,6 +203,7 @@ impl Schemas {
         }
         schemas.add_gvk(STATUS, "", "v1", "Status");
         schemas.add_gvk(BINDING, "", "v1", "Binding");
+        schemas.add_gvk(SCALE, "autoscaling", "v1", "Scale");
         if spec == Spec::V3 {
             for schema in schemas.definitions.values_mut() {
                 wrap_annotated_refs(schema);
@@ -577,6 +581,17 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
                     .responds(&["200", "201", "202"], BINDING),
             ],
             Subresource::Finalize => vec![replace(&suffix)],
+            Subresource::Scale => vec![
+                Operation::new("get", "get", id.of("read", &suffix), "Scale").responds(&["200"], SCALE),
+                Operation::new("put", "put", id.of("replace", &suffix), "Scale")
+                    .query(WRITE)
+                    .body(SCALE, &["*/*"])
+                    .responds(&["200", "201"], SCALE),
+                Operation::new("patch", "patch", id.of("patch", &suffix), "Scale")
+                    .query(PATCH_QUERY)
+                    .body(PATCH, PATCH_TYPES)
+                    .responds(&["200", "201"], SCALE),
+            ],
             // Plain text and protocol upgrades: not described here.
             Subresource::Log
             | Subresource::Exec

@@ -1173,8 +1173,8 @@ mod tests {
             "the protobuf body holds core/v1 Foo, which this server does not decode"
         );
         assert_eq!(
-            decode(&body("apps/v1", "Deployment", Vec::new())).unwrap_err().to_string(),
-            "the protobuf body holds apps/v1 Deployment, which this server does not decode"
+            decode(&body("example.com/v1", "Widget", Vec::new())).unwrap_err().to_string(),
+            "the protobuf body holds example.com/v1 Widget, which this server does not decode"
         );
         assert!(matches!(decode(&body("", "", Vec::new())), Err(Error::NoKind)));
 

@@ -9,16 +9,25 @@
 //! graph over every kind instead (upstream's is too), fed by kube-runtime watchers of metadata.
 
 mod attachdetach;
+mod deployment;
 mod ephemeral;
 mod event_ttl;
+mod expectations;
 mod gc;
+mod informer;
 mod namespace;
+mod ownership;
 pub mod persistentvolume;
+mod pods;
 pub mod protection;
+mod replicaset;
 pub mod runtime;
 mod serviceaccount;
 
-use kube::Client;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher;
+use kube::{Api, Client};
 
 pub use ephemeral::is_for_pod as ephemeral_is_for_pod;
 use tokio_util::sync::CancellationToken;
@@ -61,4 +70,12 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     ));
     tokio::spawn(event_ttl::run(client.clone(), event_ttl::EVENT_TTL, shutdown.clone()));
     tokio::spawn(gc::run(client.clone(), shutdown.clone()));
+
+    // Workload controllers share one watch of every pod.
+    let mut pods = informer::Informer::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    let mut sets = informer::Informer::new(Api::<ReplicaSet>::all(client.clone()), watcher::Config::default());
+    replicaset::spawn(client, &mut sets, &mut pods, shutdown);
+    deployment::spawn(client, &mut sets, &mut pods, shutdown);
+    pods.spawn(shutdown.clone());
+    sets.spawn(shutdown.clone());
 }

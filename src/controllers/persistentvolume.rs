@@ -146,7 +146,7 @@ fn best_match(
             continue;
         }
         let pv_labels = pv.metadata.labels.as_ref().unwrap_or(&labels);
-        if cs.selector.is_some() && !crate::scheduler::types::label_selector_matches(cs.selector.as_ref(), pv_labels) {
+        if cs.selector.is_some() && !crate::labels::selector_matches(cs.selector.as_ref(), pv_labels) {
             continue;
         }
         if vs.storage_class_name.unwrap_or_default() != cs.storage_class_name.clone().unwrap_or_default() {

@@ -31,12 +31,28 @@ pub enum Error {
 }
 
 impl Error {
+    /// What went wrong in words for a person: the API's own message when it answered.
+    pub fn message(&self) -> String {
+        match self {
+            Error::Api(e) => api_message(e),
+            other => other.to_string(),
+        }
+    }
+
     /// The API's status code, when the API answered with one.
     pub fn code(&self) -> Option<u16> {
         match self {
             Error::Api(kube::Error::Api(status)) => Some(status.code),
             _ => None,
         }
+    }
+}
+
+/// The message of an API error as the API gave it (for events and conditions).
+pub fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
     }
 }
 

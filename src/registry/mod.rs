@@ -10,6 +10,7 @@ pub mod bootstrap;
 pub mod error;
 pub mod kinds;
 pub mod patch;
+mod scale;
 pub mod selector;
 pub mod strategy;
 pub mod subresource;
@@ -462,7 +463,7 @@ impl Registry {
                 }
             }
             if status {
-                reset_meta_for_status(&mut new, &old);
+                reset_meta_for_status(&mut new, &old, r.status_writes_annotations());
             }
             if r.generation() && new.get("spec") != old.get("spec") {
                 let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
@@ -777,10 +778,13 @@ fn keep_server_meta(new: &mut Value, old: &Value, generation: bool) {
 }
 
 /// A status update may not change metadata beyond what the server manages (`ResetObjectMetaForStatus`).
-fn reset_meta_for_status(new: &mut Value, old: &Value) {
+fn reset_meta_for_status(new: &mut Value, old: &Value, keep_annotations: bool) {
     let old_meta = old.get("metadata").and_then(Value::as_object).cloned().unwrap_or_default();
     let meta = strategy::meta_mut(new);
     for k in ["labels", "annotations", "finalizers", "ownerReferences", "generation"] {
+        if keep_annotations && k == "annotations" {
+            continue;
+        }
         match old_meta.get(k) {
             Some(v) => meta.insert(k.into(), v.clone()),
             None => meta.remove(k),

@@ -147,6 +147,9 @@ pub trait Kind: Send + Sync + 'static {
     /// Field-selector fields beyond `metadata.name` and `metadata.namespace`.
     const FIELDS: &'static [&'static str] = &[];
     const NAME_RULE: NameRule = NameRule::Subdomain;
+    /// Whether a `/status` update may change annotations (a Deployment's revision, which its
+    /// controller writes with the status); otherwise the stored metadata is kept.
+    const STATUS_WRITES_ANNOTATIONS: bool = false;
 
     /// Defaulting and resetting of server-owned fields on create.
     fn prepare_create(&self, _obj: &mut Self::Obj) {}
@@ -214,6 +217,7 @@ pub trait Strategy: Send + Sync {
     fn merge_keys(&self) -> &'static [MergeKey];
     fn fields(&self) -> &'static [&'static str];
     fn name_rule(&self) -> NameRule;
+    fn status_writes_annotations(&self) -> bool;
     fn pending_finalizers(&self, obj: &Value) -> Result<bool>;
     fn mark_deleting(&self, obj: &mut Value) -> Result<()>;
     /// Decodes an object to be created, defaults and validates it, in one typed pass.
@@ -271,11 +275,18 @@ impl<K: Kind> Typed<K> {
         serde_json::to_value(obj).map_err(StatusError::internal)
     }
 
-    /// Encodes the typed object and finds what the input had that the kind does not know.
-    fn admitted(input: &Value, typed: &K::Obj, errors: ErrorList) -> Result<Admitted> {
+    /// Encodes the prepared object and finds what the input had that the kind does not know.
+    fn admitted(&self, input: &Value, typed: &K::Obj, errors: ErrorList) -> Result<Admitted> {
         let object = Self::value(typed)?;
         let mut unknown_fields = Vec::new();
         unknown(input, &object, &mut unknown_fields);
+        // What preparing dropped (a status reset on create) was known: judge those paths against
+        // the object as decoded. Only a request that seems to have unknown fields pays for it.
+        if !unknown_fields.is_empty() {
+            let decoded = Self::value(&self.typed(input)?)?;
+            unknown_fields.clear();
+            unknown(input, &decoded, &mut unknown_fields);
+        }
         Ok(Admitted { object, unknown_fields, errors })
     }
 }
@@ -298,6 +309,9 @@ impl<K: Kind> Strategy for Typed<K> {
     fn name_rule(&self) -> NameRule {
         K::NAME_RULE
     }
+    fn status_writes_annotations(&self) -> bool {
+        K::STATUS_WRITES_ANNOTATIONS
+    }
     fn pending_finalizers(&self, obj: &Value) -> Result<bool> {
         Ok(self.0.pending_finalizers(&self.typed(obj)?))
     }
@@ -312,7 +326,7 @@ impl<K: Kind> Strategy for Typed<K> {
         let mut t = self.typed(&obj)?;
         self.0.prepare_create(&mut t);
         let errors = self.0.validate(&t);
-        Self::admitted(&obj, &t, errors)
+        self.admitted(&obj, &t, errors)
     }
 
     fn admit_update(&self, new: Value, old: &Value, sub: Option<Subresource>) -> Result<Admitted> {
@@ -332,7 +346,7 @@ impl<K: Kind> Strategy for Typed<K> {
                 self.0.validate_subresource_update(sub, &t, &o)
             }
         };
-        Self::admitted(&new, &t, errors)
+        self.admitted(&new, &t, errors)
     }
 
     fn field(&self, obj: &Value, field: &str) -> Option<String> {

@@ -27,10 +27,12 @@ pub enum Subresource {
     EphemeralContainers,
     /// `proxy`: a request passed on to a node's endpoint (`nodes/{name}/proxy/{path}`).
     Proxy,
+    /// `scale`: an `autoscaling/v1` Scale view of a workload's `spec.replicas` (see `scale.rs`).
+    Scale,
 }
 
 impl Subresource {
-    const ALL: [Subresource; 9] = [
+    const ALL: [Subresource; 10] = [
         Subresource::Status,
         Subresource::Binding,
         Subresource::Finalize,
@@ -40,6 +42,7 @@ impl Subresource {
         Subresource::PortForward,
         Subresource::EphemeralContainers,
         Subresource::Proxy,
+        Subresource::Scale,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +56,7 @@ impl Subresource {
             Subresource::PortForward => "portforward",
             Subresource::EphemeralContainers => "ephemeralcontainers",
             Subresource::Proxy => "proxy",
+            Subresource::Scale => "scale",
         }
     }
 
@@ -63,7 +67,7 @@ impl Subresource {
     /// The verbs discovery lists for it.
     pub fn verbs(self) -> &'static [&'static str] {
         match self {
-            Subresource::Status | Subresource::EphemeralContainers => &["get", "patch", "update"],
+            Subresource::Status | Subresource::EphemeralContainers | Subresource::Scale => &["get", "patch", "update"],
             Subresource::Binding => &["create"],
             Subresource::Finalize => &["update"],
             Subresource::Log => &["get"],
@@ -78,6 +82,7 @@ impl Subresource {
             Subresource::Binding => ("", "v1", "Binding"),
             Subresource::Log => ("", "v1", "Pod"),
             Subresource::Proxy => ("", "v1", "NodeProxyOptions"),
+            Subresource::Scale => ("autoscaling", "v1", "Scale"),
             Subresource::Exec => ("", "v1", "PodExecOptions"),
             Subresource::Attach => ("", "v1", "PodAttachOptions"),
             Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
@@ -117,7 +122,8 @@ impl Subresource {
             | Subresource::Attach
             | Subresource::PortForward
             | Subresource::EphemeralContainers
-            | Subresource::Proxy => new,
+            | Subresource::Proxy
+            | Subresource::Scale => new,
         }
     }
 }
@@ -132,7 +138,7 @@ mod tests {
         for sub in Subresource::ALL {
             assert_eq!(Subresource::parse(sub.name()), Some(sub));
         }
-        assert_eq!(Subresource::parse("scale"), None);
+        assert_eq!(Subresource::parse("scales"), None);
     }
 
     #[test]

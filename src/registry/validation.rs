@@ -52,6 +52,14 @@ impl FieldError {
         let value = value.to_string();
         Self { kind: ErrorType::Invalid, field: field.into(), detail: format!("Invalid value: {value:?}: {detail}") }
     }
+    /// `Invalid value: 5: detail`: a value upstream prints unquoted (numbers, Go maps).
+    pub fn invalid_raw(field: impl Into<String>, value: impl fmt::Display, detail: impl Into<String>) -> Self {
+        Self {
+            kind: ErrorType::Invalid,
+            field: field.into(),
+            detail: format!("Invalid value: {value}: {}", detail.into()),
+        }
+    }
     pub fn not_supported(field: impl Into<String>, value: impl fmt::Display, valid: &[&str]) -> Self {
         let valid: Vec<String> = valid.iter().map(|v| format!("{v:?}")).collect();
         Self {

@@ -9,11 +9,10 @@ use k8s_openapi::api::core::v1::{
     TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use crate::registry::kinds::pod_rules::parse_quantity;
 
-pub type Labels = BTreeMap<String, String>;
+pub use crate::labels::Labels;
 
 /// The CPU request assumed, for scoring only, for a container that requests none (100m).
 pub const DEFAULT_MILLI_CPU_REQUEST: i64 = 100;
@@ -489,25 +488,7 @@ impl NodeInfo {
     }
 }
 
-/// Whether a `metav1.LabelSelector` selects `labels`. An empty selector selects everything; `None`
-/// selects nothing (upstream's `LabelSelectorAsSelector(nil)`).
-pub fn label_selector_matches(selector: Option<&LabelSelector>, labels: &Labels) -> bool {
-    let Some(sel) = selector else { return false };
-    sel.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v))
-        && sel.match_expressions.iter().flatten().all(|e| label_requirement_matches(e, labels))
-}
-
-fn label_requirement_matches(req: &LabelSelectorRequirement, labels: &Labels) -> bool {
-    let values = req.values.as_deref().unwrap_or_default();
-    let value = labels.get(&req.key);
-    match req.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        _ => false,
-    }
-}
+pub use crate::labels::selector_matches as label_selector_matches;
 
 /// Whether a node selector requirement (node affinity) holds for `value` of its key.
 fn node_requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) -> bool {

@@ -12,8 +12,14 @@ const APPLETS: &[&str] = &[
 
 /// The image as an OCI layout tarball (drop it in `agent/images/`).
 pub fn busybox_image() -> Vec<u8> {
+    busybox_image_named(BUSYBOX)
+}
+
+/// The same image under another name (a second tag for rollouts).
+#[allow(dead_code)]
+pub fn busybox_image_named(name: &str) -> Vec<u8> {
     let busybox = std::fs::read("/bin/busybox").expect("busybox-static is needed: apt-get install busybox-static");
-    let mut image = oci_image::ImageBuilder::new(BUSYBOX).file("/bin/busybox", &busybox, 0o755).dir("/tmp", 0o1777);
+    let mut image = oci_image::ImageBuilder::new(name).file("/bin/busybox", &busybox, 0o755).dir("/tmp", 0o1777);
     for applet in APPLETS {
         image = image.symlink(&format!("/bin/{applet}"), "busybox");
     }

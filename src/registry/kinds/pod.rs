@@ -18,33 +18,12 @@ use crate::registry::validation::ErrorList;
 pub struct Pods;
 
 /// Strategic-merge list keys of a pod, as upstream's struct tags declare them.
-const POD_MERGE_KEYS: &[MergeKey] = &[
-    merge("spec.containers", "name"),
-    merge("spec.containers.ports", "containerPort"),
-    merge("spec.containers.env", "name"),
-    merge("spec.containers.volumeMounts", "mountPath"),
-    merge("spec.containers.volumeDevices", "devicePath"),
-    merge("spec.containers.resizePolicy", "resourceName"),
-    merge("spec.initContainers", "name"),
-    merge("spec.initContainers.ports", "containerPort"),
-    merge("spec.initContainers.env", "name"),
-    merge("spec.initContainers.volumeMounts", "mountPath"),
-    merge("spec.initContainers.volumeDevices", "devicePath"),
-    merge("spec.initContainers.resizePolicy", "resourceName"),
-    merge("spec.ephemeralContainers", "name"),
-    merge("spec.ephemeralContainers.env", "name"),
-    merge("spec.ephemeralContainers.volumeMounts", "mountPath"),
-    merge_retain("spec.volumes", "name"),
-    merge("spec.imagePullSecrets", "name"),
-    merge("spec.hostAliases", "ip"),
-    merge("spec.topologySpreadConstraints", "topologyKey"),
-    merge("spec.schedulingGates", "name"),
-    merge("spec.resourceClaims", "name"),
+const POD_MERGE_KEYS: &[MergeKey] = &pod_spec_merge_keys!(
+    "spec.",
     merge("status.conditions", "type"),
     merge("status.podIPs", "ip"),
     merge("status.hostIPs", "ip"),
-    primitive("spec.hostAliases.hostnames"),
-];
+);
 
 impl Kind for Pods {
     type Obj = Pod;

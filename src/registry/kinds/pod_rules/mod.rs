@@ -194,11 +194,7 @@ pub(super) fn slice<T>(v: &Option<Vec<T>>) -> &[T] {
 
 /// `Invalid value: 5: detail`: upstream prints numbers and booleans unquoted.
 pub(super) fn invalid_raw(field: &str, value: impl std::fmt::Display, detail: &str) -> FieldError {
-    FieldError {
-        kind: ErrorType::Invalid,
-        field: field.to_string(),
-        detail: format!("Invalid value: {value}: {detail}"),
-    }
+    FieldError::invalid_raw(field, value, detail)
 }
 
 /// An invalid structured value, rendered as JSON.

@@ -1,0 +1,347 @@
+//! End to end: Deployments and ReplicaSets against the real cairn, its embedded containerd and
+//! kubectl. One node serves every check (each works on its own Deployment): create, scale through
+//! the scale subresource, set image, rollout status, history and undo, pause and resume, a
+//! maxUnavailable 0 rollout sampled for ready pods, invalid specs, and a rollout that survives
+//! cairn being killed with SIGKILL half way without ever exceeding maxSurge.
+//!
+//! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
+
+mod common;
+
+#[path = "common/busybox.rs"]
+mod busybox;
+#[allow(dead_code)]
+#[path = "../src/runtime/cri.rs"]
+mod cri;
+#[path = "common/node.rs"]
+mod node;
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
+
+use std::time::{Duration, Instant};
+
+use busybox::BUSYBOX;
+use common::{Server, eventually};
+use node::{Node, node_ready};
+
+const CIDR: &str = "10.47.0.0/16";
+const BUSYBOX_2: &str = "docker.io/cairn-test/busybox:2";
+/// A container command that ends on SIGTERM (a bare `sleep` as PID 1 would wait out the grace period).
+const STOPS_ON_TERM: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
+
+/// `kubectl get <what> -o jsonpath=<path>`; `what` may carry flags (`rs -l app=web`).
+fn get(node: &Server, what: &str, path: &str) -> String {
+    let mut args: Vec<&str> = vec!["get"];
+    args.extend(what.split_whitespace());
+    let jsonpath = format!("jsonpath={path}");
+    args.extend(["-o", &jsonpath]);
+    let out = node.kubectl(&args);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn rollout_status(node: &Server, name: &str) -> String {
+    let out = node.kubectl(&["rollout", "status", &format!("deployment/{name}"), "--timeout=90s"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "rollout of {name} did not finish: {text}{}\n{}\n--- server log ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.ok(&["get", "deploy,rs,pods", "-o", "wide"]),
+        node.log()
+    );
+    text
+}
+
+/// Pods of a Deployment's selector: (all not being deleted, Ready ones).
+fn pod_counts(node: &Server, selector: &str) -> (usize, usize) {
+    let out = node.kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        selector,
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.deletionTimestamp}|{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}"#,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let live: Vec<&str> = text.lines().filter(|l| l.starts_with('|')).collect();
+    (live.len(), live.iter().filter(|l| l.ends_with("True")).count())
+}
+
+/// Images of the pods of `selector` that are not being deleted.
+fn live_images(node: &Server, selector: &str) -> String {
+    let path = r#"{range .items[*]}{.metadata.deletionTimestamp}|{.spec.containers[0].image}{"\n"}{end}"#;
+    let text = get(node, &format!("pods -l {selector}"), path);
+    text.lines().filter_map(|l| l.strip_prefix('|')).collect::<Vec<_>>().join(" ")
+}
+
+fn image_of(node: &Server, name: &str) -> String {
+    get(node, &format!("deploy/{name}"), "{.spec.template.spec.containers[0].image}")
+}
+
+fn check_create_scale_and_undo(node: &Server) {
+    let out =
+        node.ok(&["create", "deployment", "web", &format!("--image={BUSYBOX}"), "--", "/bin/sh", "-c", STOPS_ON_TERM]);
+    assert_eq!(out.trim(), "deployment.apps/web created");
+    assert!(rollout_status(node, "web").contains("deployment \"web\" successfully rolled out"));
+    let table = node.ok(&["get", "deployment", "web"]);
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]);
+    assert!(table.lines().nth(1).is_some_and(|l| l.split_whitespace().take(4).eq(["web", "1/1", "1", "1"])), "{table}");
+
+    // One ReplicaSet `web-<hash>`, its pods labelled with the hash, the Deployment at revision 1.
+    let rs = get(node, "rs -l app=web", "{.items[*].metadata.name}");
+    let hash = get(node, "rs -l app=web", "{.items[0].metadata.labels.pod-template-hash}");
+    assert_eq!(rs, format!("web-{hash}"));
+    assert_eq!(get(node, "deploy/web", "{.metadata.annotations.deployment\\.kubernetes\\.io/revision}"), "1");
+    let rs_table = node.ok(&["get", "rs", "-l", "app=web", "-o", "wide"]);
+    assert!(
+        rs_table.starts_with("NAME") && rs_table.contains("DESIRED") && rs_table.contains("SELECTOR"),
+        "{rs_table}"
+    );
+    assert!(rs_table.contains(&format!("app=web,pod-template-hash={hash}")), "{rs_table}");
+
+    // Scale 1 → 5 → 2 through the scale subresource.
+    assert_eq!(node.ok(&["scale", "deployment/web", "--replicas=5"]).trim(), "deployment.apps/web scaled");
+    rollout_status(node, "web");
+    eventually(60, || (pod_counts(node, "app=web") == (5, 5)).then_some(()));
+    assert_eq!(get(node, "deploy/web", "{.status.availableReplicas}"), "5");
+    let scale = node.ok(&["get", "--raw", "/apis/apps/v1/namespaces/default/deployments/web/scale"]);
+    let scale: serde_json::Value = serde_json::from_str(&scale).unwrap();
+    assert_eq!((scale["kind"].as_str(), scale["spec"]["replicas"].as_i64()), (Some("Scale"), Some(5)));
+    assert_eq!(scale["status"]["selector"], "app=web");
+    node.ok(&["scale", "deployment/web", "--replicas=2"]);
+    eventually(60, || (pod_counts(node, "app=web") == (2, 2)).then_some(()));
+    eventually(30, || (get(node, "rs -l app=web", "{.items[0].status.replicas}") == "2").then_some(()));
+    assert!(
+        node.ok(&["get", "events", "--field-selector", "involvedObject.kind=ReplicaSet"]).contains("SuccessfulDelete")
+    );
+
+    // A new image rolls out through a second set; undo brings the first template back.
+    node.ok(&["set", "image", "deployment/web", &format!("busybox={BUSYBOX_2}")]);
+    rollout_status(node, "web");
+    assert_eq!(live_images(node, "app=web"), format!("{BUSYBOX_2} {BUSYBOX_2}"));
+    assert_eq!(get(node, "rs -l app=web", "{.items[*].spec.replicas}").split(' ').filter(|r| *r == "0").count(), 1);
+    let history = node.ok(&["rollout", "history", "deployment/web"]);
+    assert!(
+        history.contains("REVISION")
+            && history.lines().filter(|l| l.starts_with('1') || l.starts_with('2')).count() == 2,
+        "{history}"
+    );
+    let events = node.ok(&["get", "events", "--field-selector", "involvedObject.name=web"]);
+    assert!(events.contains("ScalingReplicaSet") && events.contains("Scaled up replica set web-"), "{events}");
+    node.ok(&["rollout", "undo", "deployment/web"]);
+    rollout_status(node, "web");
+    assert_eq!(image_of(node, "web"), BUSYBOX);
+    eventually(60, || (live_images(node, "app=web") == format!("{BUSYBOX} {BUSYBOX}")).then_some(()));
+    assert_eq!(get(node, "deploy/web", "{.metadata.annotations.deployment\\.kubernetes\\.io/revision}"), "3");
+    let first = format!("rs/web-{hash}");
+    let history = get(node, &first, "{.metadata.annotations.deployment\\.kubernetes\\.io/revision-history}");
+    assert_eq!(history, "1", "{}", node.ok(&["get", &first, "-o", "yaml"]));
+
+    // Paused, a template change waits; resumed, it rolls out. A restart is a rollout too.
+    node.ok(&["rollout", "pause", "deployment/web"]);
+    eventually(30, || {
+        (get(node, "deploy/web", r#"{.status.conditions[?(@.type=="Progressing")].reason}"#) == "DeploymentPaused")
+            .then_some(())
+    });
+    node.ok(&["set", "env", "deployment/web", "MODE=paused"]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        get(node, "rs -l app=web", "{.items[*].metadata.name}").split(' ').count(),
+        2,
+        "no new set while paused"
+    );
+    node.ok(&["rollout", "resume", "deployment/web"]);
+    rollout_status(node, "web");
+    assert_eq!(get(node, "rs -l app=web", "{.items[*].metadata.name}").split(' ').count(), 3);
+    node.ok(&["rollout", "restart", "deployment/web"]);
+    rollout_status(node, "web");
+    assert_eq!(get(node, "deploy/web", "{.metadata.annotations.deployment\\.kubernetes\\.io/revision}"), "5");
+
+    node.ok(&["delete", "deployment", "web"]);
+    eventually(60, || {
+        (get(node, "rs -l app=web", "{.items[*].metadata.name}").is_empty() && pod_counts(node, "app=web").0 == 0)
+            .then_some(())
+    });
+}
+
+fn deployment(name: &str, replicas: u32, surge: u32, unavailable: u32) -> String {
+    deployment_with(name, replicas, surge, unavailable, 0)
+}
+
+/// A Deployment whose pods count as available `min_ready` seconds after they are ready.
+fn deployment_with(name: &str, replicas: u32, surge: u32, unavailable: u32, min_ready: u32) -> String {
+    format!(
+        r#"{{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {{"name": "{name}"}},
+  "spec": {{"replicas": {replicas}, "minReadySeconds": {min_ready}, "selector": {{"matchLabels": {{"app": "{name}"}}}},
+    "strategy": {{"rollingUpdate": {{"maxSurge": {surge}, "maxUnavailable": {unavailable}}}}},
+    "template": {{"metadata": {{"labels": {{"app": "{name}"}}}}, "spec": {{"terminationGracePeriodSeconds": 1,
+      "containers": [{{"name": "main", "image": "{BUSYBOX}", "command": ["/bin/sh", "-c", "{STOPS_ON_TERM}"]}}]}}}}}}}}"#
+    )
+}
+
+/// With maxUnavailable 0 the ready count never drops below `replicas` while the rollout runs.
+fn check_max_unavailable_zero(node: &Server) {
+    node.ok_stdin(&["apply", "-f", "-"], &deployment("steady", 3, 1, 0));
+    rollout_status(node, "steady");
+    node.ok(&["set", "image", "deployment/steady", &format!("main={BUSYBOX_2}")]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut samples = 0;
+    loop {
+        let (live, ready) = pod_counts(node, "app=steady");
+        assert!(ready >= 3, "ready pods dropped to {ready} (of {live}) during a maxUnavailable 0 rollout");
+        assert!(live <= 4, "{live} pods with maxSurge 1");
+        samples += 1;
+        let done =
+            get(node, "deploy/steady", "{.status.updatedReplicas}/{.status.replicas}/{.status.availableReplicas}");
+        if done == "3/3/3" && live_images(node, "app=steady").split(' ').all(|i| i == BUSYBOX_2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rollout did not finish: {done}");
+    }
+    assert!(samples > 3, "the rollout was sampled {samples} times");
+    node.ok(&["delete", "deployment", "steady"]);
+}
+
+/// Recreate stops every old pod before the first new one starts.
+fn check_recreate(node: &Server) {
+    let spec = deployment("again", 2, 0, 1).replace(
+        r#""strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}"#,
+        r#""strategy": {"type": "Recreate"}"#,
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &spec);
+    rollout_status(node, "again");
+    node.ok(&["set", "image", "deployment/again", &format!("main={BUSYBOX_2}")]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let out = node.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=again",
+            "-o",
+            r#"jsonpath={range .items[*]}{.spec.containers[0].image}|{.status.phase}{"\n"}{end}"#,
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let running = |image: &str| text.lines().any(|l| l == format!("{image}|Running"));
+        assert!(!(running(BUSYBOX) && running(BUSYBOX_2)), "old and new pods ran side by side:\n{text}");
+        if live_images(node, "app=again") == format!("{BUSYBOX_2} {BUSYBOX_2}")
+            && get(node, "deploy/again", "{.status.availableReplicas}") == "2"
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Recreate did not finish:\n{text}");
+    }
+    node.ok(&["delete", "deployment", "again"]);
+}
+
+/// Pods the API refuses: `FailedCreate` events and a ReplicaFailure condition, retried with backoff.
+fn check_refused_pods(node: &Server) {
+    let spec = deployment("refused", 1, 1, 0).replace(
+        r#""terminationGracePeriodSeconds": 1,"#,
+        r#""terminationGracePeriodSeconds": 1, "runtimeClassName": "nope","#,
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &spec);
+    eventually(60, || {
+        (get(node, "rs -l app=refused", r#"{.items[0].status.conditions[?(@.type=="ReplicaFailure")].reason}"#)
+            == "FailedCreate")
+            .then_some(())
+    });
+    let message =
+        get(node, "rs -l app=refused", r#"{.items[0].status.conditions[?(@.type=="ReplicaFailure")].message}"#);
+    assert!(message.contains(r#"RuntimeClass "nope" not found"#), "{message}");
+    eventually(30, || {
+        (get(node, "deploy/refused", r#"{.status.conditions[?(@.type=="ReplicaFailure")].reason}"#) == "FailedCreate")
+            .then_some(())
+    });
+    let events = node.ok(&["get", "events", "--field-selector", "reason=FailedCreate"]);
+    assert!(events.contains("Error creating: pods"), "{events}");
+    // Backoff, not a hot loop: a handful of attempts in a few seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    let count: u32 = get(node, "events --field-selector reason=FailedCreate", "{.items[0].count}").parse().unwrap_or(0);
+    assert!((1..=20).contains(&count), "{count} FailedCreate attempts in a few seconds");
+    node.ok(&["delete", "deployment", "refused"]);
+}
+
+/// Invalid specs are 422s with upstream's causes, and nothing is stored.
+fn check_invalid(node: &Server) {
+    let bad = r#"{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "bad"},
+      "spec": {"replicas": -1, "selector": {"matchLabels": {"app": "a"}},
+        "strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}},
+        "template": {"metadata": {"labels": {"app": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}"#;
+    let err = node.kubectl_stdin(&["create", "-f", "-"], bad);
+    let text = String::from_utf8_lossy(&err.stderr).into_owned();
+    assert!(!err.status.success());
+    for want in [
+        "The Deployment \"bad\" is invalid",
+        "spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+        "spec.template.metadata.labels: Invalid value",
+        "`selector` does not match template `labels`",
+        "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: 0: may not be 0 when `maxSurge` is 0",
+    ] {
+        assert!(text.contains(want), "{want:?} not in {text}");
+    }
+    assert!(node.fails(&["get", "deployment", "bad"]).contains("NotFound"));
+    node.ok_stdin(&["apply", "-f", "-"], &deployment("fixed", 0, 1, 0));
+    let moved =
+        node.kubectl(&["patch", "deployment", "fixed", "-p", r#"{"spec":{"selector":{"matchLabels":{"app":"x"}}}}"#]);
+    assert!(String::from_utf8_lossy(&moved.stderr).contains("field is immutable"));
+    let scale = node.kubectl(&[
+        "patch",
+        "deployment",
+        "fixed",
+        "--subresource=scale",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"replicas":-2}}"#,
+    ]);
+    let text = String::from_utf8_lossy(&scale.stderr);
+    assert!(text.contains("spec.replicas: Invalid value: -2: must be greater than or equal to 0"), "{text}");
+    node.ok(&["delete", "deployment", "fixed"]);
+}
+
+/// cairn killed with SIGKILL mid-rollout (slowed by minReadySeconds): the rollout finishes after the
+/// restart and the pods never exceed replicas + maxSurge.
+fn check_kill9_mid_rollout(node: &mut Node) {
+    node.ok_stdin(&["apply", "-f", "-"], &deployment_with("survivor", 4, 1, 1, 2));
+    rollout_status(node, "survivor");
+    node.ok(&["set", "image", "deployment/survivor", &format!("main={BUSYBOX_2}")]);
+    eventually(60, || {
+        (get(node, "rs -l app=survivor", "{.items[*].metadata.name}").split(' ').count() == 2).then_some(())
+    });
+    let before = get(node, "deploy/survivor", "{.status.updatedReplicas}");
+    node.restart_after_kill9();
+    eventually(60, || node_ready(node));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (live, _) = pod_counts(node, "app=survivor");
+        assert!(live <= 5, "{live} pods with replicas 4 and maxSurge 1 after a restart");
+        let done =
+            get(node, "deploy/survivor", "{.status.updatedReplicas}/{.status.replicas}/{.status.availableReplicas}");
+        if done == "4/4/4" && live == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rollout did not finish after the restart: {done}\n{}", node.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_ne!(before, "4", "the rollout was over before cairn was killed");
+    assert!(live_images(node, "app=survivor").split(' ').all(|i| i == BUSYBOX_2));
+    node.ok(&["delete", "deployment", "survivor"]);
+}
+
+#[test]
+fn deployments_roll_out_scale_and_undo_like_kubernetes() {
+    let mut node = Node::start(CIDR);
+    eventually(60, || node_ready(&node));
+    let images = node.dir.path().join("data/agent/images");
+    std::fs::write(images.join("busybox-2.tar"), busybox::busybox_image_named(BUSYBOX_2)).unwrap();
+    eventually(60, || get(&node, "nodes", "{.items[0].status.images[*].names}").contains(BUSYBOX_2).then_some(()));
+
+    check_invalid(&node);
+    check_create_scale_and_undo(&node);
+    check_max_unavailable_zero(&node);
+    check_recreate(&node);
+    check_refused_pods(&node);
+    check_kill9_mid_rollout(&mut node);
+}
