@@ -1,8 +1,10 @@
-//! End to end: Deployments and ReplicaSets against the real cairn, its embedded containerd and
-//! kubectl. One node serves every check (each works on its own Deployment): create, scale through
+//! End to end: Deployments, ReplicaSets and Jobs against the real cairn, its embedded containerd and
+//! kubectl. One node serves every check (each works on its own objects): create, scale through
 //! the scale subresource, set image, rollout status, history and undo, pause and resume, a
-//! maxUnavailable 0 rollout sampled for ready pods, invalid specs, and a rollout that survives
-//! cairn being killed with SIGKILL half way without ever exceeding maxSurge.
+//! maxUnavailable 0 rollout sampled for ready pods, Recreate, refused pods, invalid specs; an
+//! Indexed Job, a Job failing into its backoffLimit, ttlSecondsAfterFinished; and a rollout and a
+//! Job that survive cairn being killed with SIGKILL half way (never more than maxSurge, no
+//! completion lost or counted twice).
 //!
 //! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
 
@@ -330,8 +332,119 @@ fn check_kill9_mid_rollout(node: &mut Node) {
     node.ok(&["delete", "deployment", "survivor"]);
 }
 
+fn job(name: &str, spec: &str, script: &str) -> String {
+    format!(
+        r#"{{"apiVersion": "batch/v1", "kind": "Job", "metadata": {{"name": "{name}"}},
+  "spec": {{{spec} "template": {{"spec": {{"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+      "containers": [{{"name": "main", "image": "{BUSYBOX}", "command": ["/bin/sh", "-c", "{script}"]}}]}}}}}}}}"#
+    )
+}
+
+/// Job pods: (not being deleted and not finished, Succeeded).
+fn job_pods(node: &Server, name: &str) -> (usize, usize) {
+    let out = node.kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        &format!("batch.kubernetes.io/job-name={name}"),
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.deletionTimestamp}|{.status.phase}{"\n"}{end}"#,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let running = text.lines().filter(|l| *l == "|Pending" || *l == "|Running").count();
+    (running, text.lines().filter(|l| l.ends_with("|Succeeded")).count())
+}
+
+/// An Indexed Job of 5 with parallelism 2: one success per index, never more than 2 at a time.
+fn check_indexed_job(node: &Server) {
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        &job(
+            "indexed",
+            r#""completions": 5, "parallelism": 2, "completionMode": "Indexed","#,
+            "echo index=$JOB_COMPLETION_INDEX; sleep 1",
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (running, _) = job_pods(node, "indexed");
+        assert!(running <= 2, "{running} pods of a Job with parallelism 2");
+        if get(node, "job/indexed", r#"{.status.conditions[?(@.type=="Complete")].status}"#) == "True" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Indexed Job did not complete:\n{}",
+            node.ok(&["get", "pods", "-o", "wide"])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = node.ok(&["wait", "--for=condition=complete", "job/indexed", "--timeout=10s"]);
+    assert!(out.contains("condition met"), "{out}");
+    assert_eq!(get(node, "job/indexed", "{.status.completedIndexes} {.status.succeeded} {.status.failed}"), "0-4 5 0");
+    let mut indexes: Vec<String> =
+        get(node, "pods -l batch.kubernetes.io/job-name=indexed", "{.items[*].metadata.name}")
+            .split_whitespace()
+            .map(|pod| node.ok(&["logs", pod]).trim().to_string())
+            .collect();
+    indexes.sort();
+    assert_eq!(indexes, ["index=0", "index=1", "index=2", "index=3", "index=4"]);
+    let finalizers = get(node, "pods -l batch.kubernetes.io/job-name=indexed", "{.items[*].metadata.finalizers}");
+    assert!(finalizers.trim().is_empty(), "tracking finalizers left: {finalizers}");
+    let table = node.ok(&["get", "job", "indexed"]);
+    assert!(
+        table.lines().nth(1).is_some_and(|l| l.split_whitespace().take(3).eq(["indexed", "Complete", "5/5"])),
+        "{table}"
+    );
+    node.ok(&["delete", "job", "indexed"]);
+}
+
+/// A Job whose pods fail: replaced after the failure backoff, then Failed at its backoffLimit.
+fn check_failing_job(node: &Server) {
+    node.ok_stdin(&["apply", "-f", "-"], &job("doomed", r#""backoffLimit": 1,"#, "exit 3"));
+    let out = node.kubectl(&["wait", "--for=condition=failed", "job/doomed", "--timeout=90s"]);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stderr), node.log());
+    assert_eq!(
+        get(node, "job/doomed", r#"{.status.failed} {.status.conditions[?(@.type=="Failed")].reason}"#),
+        "2 BackoffLimitExceeded"
+    );
+    let created = get(node, "pods -l batch.kubernetes.io/job-name=doomed", "{.items[*].metadata.creationTimestamp}");
+    let times: Vec<k8s_openapi::jiff::Timestamp> = created.split_whitespace().filter_map(|t| t.parse().ok()).collect();
+    assert_eq!(times.len(), 2, "{created}");
+    let gap = (times[1].as_second() - times[0].as_second()).abs();
+    assert!(gap >= 10, "the replacement came {gap} s after the first pod, within the 10 s failure backoff");
+    let events = node.ok(&["get", "events", "--field-selector", "involvedObject.name=doomed"]);
+    assert!(
+        events.contains("BackoffLimitExceeded") && events.contains("Job has reached the specified backoff limit"),
+        "{events}"
+    );
+    node.ok(&["delete", "job", "doomed"]);
+}
+
+/// `ttlSecondsAfterFinished`: the Job and its pods go once it has been finished that long.
+fn check_ttl(node: &Server) {
+    node.ok_stdin(&["apply", "-f", "-"], &job("brief", r#""ttlSecondsAfterFinished": 1,"#, "true"));
+    eventually(60, || (!node.kubectl(&["get", "job", "brief"]).status.success()).then_some(()));
+    eventually(60, || {
+        get(node, "pods -l batch.kubernetes.io/job-name=brief", "{.items[*].metadata.name}").is_empty().then_some(())
+    });
+}
+
+/// cairn killed with SIGKILL while a Job runs: no completion lost or counted twice.
+fn check_kill9_mid_job(node: &mut Node) {
+    node.ok_stdin(&["apply", "-f", "-"], &job("steadfast", r#""completions": 4, "parallelism": 2,"#, "sleep 1"));
+    eventually(60, || (job_pods(node, "steadfast").1 >= 1).then_some(()));
+    node.restart_after_kill9();
+    eventually(60, || node_ready(node));
+    let out = node.kubectl(&["wait", "--for=condition=complete", "job/steadfast", "--timeout=90s"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(get(node, "job/steadfast", "{.status.succeeded}"), "4");
+    assert_eq!(job_pods(node, "steadfast"), (0, 4), "exactly 4 pods succeeded");
+    node.ok(&["delete", "job", "steadfast"]);
+}
+
 #[test]
-fn deployments_roll_out_scale_and_undo_like_kubernetes() {
+fn deployments_and_jobs_run_like_kubernetes() {
     let mut node = Node::start(CIDR);
     eventually(60, || node_ready(&node));
     let images = node.dir.path().join("data/agent/images");
@@ -343,5 +456,9 @@ fn deployments_roll_out_scale_and_undo_like_kubernetes() {
     check_max_unavailable_zero(&node);
     check_recreate(&node);
     check_refused_pods(&node);
+    check_indexed_job(&node);
+    check_failing_job(&node);
+    check_ttl(&node);
     check_kill9_mid_rollout(&mut node);
+    check_kill9_mid_job(&mut node);
 }

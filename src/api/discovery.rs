@@ -196,7 +196,10 @@ mod tests {
         let all = listed(&all, &[]);
         let groups = api_group_list(&all);
         let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
-        assert_eq!(names, vec!["apps", "events.k8s.io", "storage.k8s.io", "coordination.k8s.io", "node.k8s.io"]);
+        assert_eq!(
+            names,
+            vec!["apps", "events.k8s.io", "batch", "storage.k8s.io", "coordination.k8s.io", "node.k8s.io"]
+        );
         let agg = aggregated(&all, true, AGGREGATED_V2);
         let pods = agg["items"][0]["versions"][0]["resources"]
             .as_array()

@@ -8,6 +8,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt as _;
+use kube::runtime::reflector::{ObjectRef, Store};
+
 /// Upstream's `ExpectationsTimeout`.
 const TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
@@ -64,6 +68,18 @@ impl Expectations {
             return true;
         }
         false
+    }
+
+    /// [`Self::satisfied`] for pods of namespace `ns`, seen in `pods`.
+    pub fn satisfied_in(&self, key: &str, pods: &Store<Pod>, ns: &str) -> bool {
+        let cached = |name: &str| pods.get(&ObjectRef::new(name).within(ns));
+        self.satisfied(
+            key,
+            |name| cached(name).is_some(),
+            |name, uid| {
+                cached(name).is_some_and(|p| p.uid().as_deref() == Some(uid) && p.metadata.deletion_timestamp.is_none())
+            },
+        )
     }
 }
 

@@ -15,6 +15,7 @@ mod event_ttl;
 mod expectations;
 mod gc;
 mod informer;
+mod job;
 mod namespace;
 mod ownership;
 pub mod persistentvolume;
@@ -23,6 +24,7 @@ pub mod protection;
 mod replicaset;
 pub mod runtime;
 mod serviceaccount;
+mod ttl_after_finished;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -76,6 +78,12 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     let mut sets = informer::Informer::new(Api::<ReplicaSet>::all(client.clone()), watcher::Config::default());
     replicaset::spawn(client, &mut sets, &mut pods, shutdown);
     deployment::spawn(client, &mut sets, &mut pods, shutdown);
+    job::spawn(client, &mut pods, shutdown);
+    tokio::spawn(runtime::run(
+        ttl_after_finished::controller(client),
+        ttl_after_finished::TtlAfterFinished { client: client.clone() },
+        shutdown.clone(),
+    ));
     pods.spawn(shutdown.clone());
     sets.spawn(shutdown.clone());
 }

@@ -113,6 +113,7 @@ async fn patch_owners<K>(api: &Api<K>, obj: &K, refs: Vec<OwnerReference>) -> Re
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
+    let refs = if refs.is_empty() { serde_json::Value::Null } else { json!(refs) };
     let patch = json!({"metadata": {
         "ownerReferences": refs,
         "uid": obj.uid(),

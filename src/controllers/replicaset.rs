@@ -87,14 +87,7 @@ impl Reconciler for ReplicaSets {
     async fn reconcile(&self, rs: Arc<ReplicaSet>) -> Result<Action, Error> {
         let ns = rs.namespace().unwrap_or_default();
         let key = key(&rs.metadata);
-        let cached = |name: &str| self.pods.get(&ObjectRef::new(name).within(&ns));
-        let satisfied = self.expectations.satisfied(
-            &key,
-            |name| cached(name).is_some(),
-            |name, uid| {
-                cached(name).is_some_and(|p| p.uid().as_deref() == Some(uid) && p.metadata.deletion_timestamp.is_none())
-            },
-        );
+        let satisfied = self.expectations.satisfied_in(&key, &self.pods, &ns);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         let candidates =
             self.pods.state().into_iter().filter(|p| p.namespace().as_deref() == Some(&ns) && is_active(p));

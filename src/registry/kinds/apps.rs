@@ -222,18 +222,14 @@ fn validate_strategy(strategy: Option<&DeploymentStrategy>, out: &mut ErrorList)
                 }
             }
         },
-        other => out.push(FieldError::not_supported(
-            "spec.strategy.type",
-            format!("\"{other}\""),
-            &["Recreate", "RollingUpdate"],
-        )),
+        other => out.push(FieldError::not_supported("spec.strategy.type", other, &["Recreate", "RollingUpdate"])),
     }
 }
 
 fn int_or_percent_text(v: Option<&IntOrString>) -> String {
     match v {
         Some(IntOrString::Int(i)) => i.to_string(),
-        Some(IntOrString::String(s)) => format!("\"{s}\""),
+        Some(IntOrString::String(s)) => format!("{s:?}"),
         None => "null".into(),
     }
 }
@@ -365,11 +361,9 @@ impl Kind for StatefulSets {
         let spec = sts.spec.clone();
         match spec.pod_management_policy.as_deref().unwrap_or_default() {
             "OrderedReady" | "Parallel" => {}
-            other => out.push(FieldError::not_supported(
-                "spec.podManagementPolicy",
-                format!("\"{other}\""),
-                &["OrderedReady", "Parallel"],
-            )),
+            other => {
+                out.push(FieldError::not_supported("spec.podManagementPolicy", other, &["OrderedReady", "Parallel"]))
+            }
         }
         let strategy = spec.update_strategy.clone().unwrap_or_default();
         match strategy.type_.as_deref().unwrap_or_default() {
@@ -393,11 +387,7 @@ impl Kind for StatefulSets {
                     ));
                 }
             }
-            other => out.push(FieldError::not_supported(
-                "spec.updateStrategy",
-                format!("\"{other}\""),
-                &["OnDelete", "RollingUpdate"],
-            )),
+            other => out.push(FieldError::not_supported("spec.updateStrategy", other, &["OnDelete", "RollingUpdate"])),
         }
         non_negative(spec.replicas.map(i64::from), "spec.replicas", &mut out);
         non_negative(spec.min_ready_seconds.map(i64::from), "spec.minReadySeconds", &mut out);
@@ -410,7 +400,7 @@ impl Kind for StatefulSets {
                 if !matches!(v, "Retain" | "Delete") {
                     out.push(FieldError::not_supported(
                         format!("spec.persistentVolumeClaimRetentionPolicy.{field}"),
-                        format!("\"{v}\""),
+                        v,
                         &["Retain", "Delete"],
                     ));
                 }
@@ -546,11 +536,9 @@ impl Kind for DaemonSets {
                     }
                 }
             }
-            other => out.push(FieldError::not_supported(
-                "spec.updateStrategy.type",
-                format!("\"{other}\""),
-                &["OnDelete", "RollingUpdate"],
-            )),
+            other => {
+                out.push(FieldError::not_supported("spec.updateStrategy.type", other, &["OnDelete", "RollingUpdate"]))
+            }
         }
         out
     }

@@ -34,6 +34,7 @@ macro_rules! pod_spec_merge_keys {
 }
 
 mod apps;
+pub mod batch;
 mod config;
 mod coordination;
 mod event;
@@ -76,6 +77,7 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(apps::DaemonSets)),
         Arc::new(Typed::new(apps::ControllerRevisions)),
         Arc::new(Typed::new(event::Events)),
+        Arc::new(Typed::new(batch::Jobs)),
         Arc::new(Typed::new(storage::StorageClasses)),
         Arc::new(Typed::new(storage::CsiDrivers)),
         Arc::new(Typed::new(storage::CsiNodes)),

@@ -60,11 +60,7 @@ pub fn validate_template_for_controller(
     let spec = template.spec.clone().unwrap_or_default();
     let restart = spec.restart_policy.unwrap_or_default();
     if restart != "Always" {
-        out.push(FieldError::not_supported(
-            format!("{path}.spec.restartPolicy"),
-            format!("\"{restart}\""),
-            &["Always"],
-        ));
+        out.push(FieldError::not_supported(format!("{path}.spec.restartPolicy"), restart, &["Always"]));
     }
     if spec.active_deadline_seconds.is_some() {
         out.push(FieldError::forbidden(
@@ -75,7 +71,7 @@ pub fn validate_template_for_controller(
 }
 
 /// A label map as Go's `%#v` prints it: `map[string]string{"app":"web"}`.
-fn go_map(labels: &std::collections::BTreeMap<String, String>) -> String {
+pub fn go_map(labels: &std::collections::BTreeMap<String, String>) -> String {
     let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k:?}:{v:?}")).collect();
     format!("map[string]string{{{}}}", pairs.join(", "))
 }

@@ -1,0 +1,615 @@
+//! Jobs run pods to completion (upstream's job controller, `pkg/controller/job`): up to
+//! `parallelism` pods at a time until `completions` succeed (NonIndexed), or one success per index
+//! `0..completions` (Indexed: `JOB_COMPLETION_INDEX`, hostname `<job>-<index>`); failed pods are
+//! replaced after an exponential backoff (10 s doubling, at most 10 minutes) until `backoffLimit`;
+//! `activeDeadlineSeconds` and `suspend` as upstream; the SuccessCriteriaMet/Complete and
+//! FailureTarget/Failed conditions. Every pod carries the `batch.kubernetes.io/job-tracking`
+//! finalizer: a finished pod is first recorded in `status.uncountedTerminatedPods`, then its
+//! finalizer removed, then counted, so a restart neither loses nor double-counts a completion.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use futures::future::join_all;
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus, UncountedTerminatedPods};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt as _};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::expectations::Expectations;
+use super::informer::Informer;
+use super::ownership::{Claim, controller_of, controller_ref};
+use super::pods::is_ready;
+use super::runtime::{self, Error, Reconciler};
+use crate::events::{EventType, ObjectRef as EventObject, Recorder};
+use crate::labels::selector_matches;
+
+/// The finalizer that keeps a finished pod until its Job has counted it.
+pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
+const INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// Upstream's `DefaultJobPodFailureBackOff` and `MaxJobPodFailureBackOff`.
+const FAILURE_BACKOFF: Duration = Duration::from_secs(10);
+const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(600);
+/// Upstream's `MaxUncountedPods`: finished pods recorded per status write.
+const MAX_UNCOUNTED: usize = 500;
+const BURST: usize = 500;
+
+pub struct Jobs {
+    client: Client,
+    pods: Store<Pod>,
+    expectations: Expectations,
+    /// Per Job: failures since the last success and when the last one finished (upstream's
+    /// backoff records), for the delay before a replacement.
+    backoff: Mutex<HashMap<String, (u32, Timestamp)>>,
+    /// Per Job: the resourceVersion of its last status write. A cached Job older than that is
+    /// not synced (its counts would be stale); the watch brings the newer one.
+    written: Mutex<HashMap<String, u64>>,
+    recorder: Recorder,
+}
+
+/// Starts the controller on the shared pod watch, and the sweeper that lets go of the pods of
+/// Jobs that are gone.
+pub fn spawn(client: &Client, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
+    let controller = Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default());
+    let jobs = controller.store();
+    let controller = controller.watches_stream(pods.subscribe(), owner);
+    tokio::spawn(release_orphans(client.clone(), jobs, pods.subscribe(), shutdown.clone()));
+    let reconciler = Jobs {
+        client: client.clone(),
+        pods: pods.store(),
+        expectations: Expectations::default(),
+        backoff: Mutex::new(HashMap::new()),
+        written: Mutex::new(HashMap::new()),
+        recorder: Recorder::spawn(client.clone(), "job-controller".into(), String::new()),
+    };
+    tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
+}
+
+fn owner(pod: Pod) -> Option<ObjectRef<Job>> {
+    let r = controller_of(&pod.metadata).filter(|r| r.kind == "Job" && r.api_version == "batch/v1")?;
+    Some(ObjectRef::new(&r.name).within(&pod.namespace()?))
+}
+
+fn has_finalizer(pod: &Pod) -> bool {
+    pod.finalizers().iter().any(|f| f == TRACKING_FINALIZER)
+}
+
+/// Removes the tracking finalizer from `pod` (with its UID as precondition); a pod gone is fine.
+async fn remove_finalizer(client: &Client, pod: &Pod) -> Result<(), kube::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let kept: Vec<&String> = pod.finalizers().iter().filter(|f| *f != TRACKING_FINALIZER).collect();
+    let kept = if kept.is_empty() { serde_json::Value::Null } else { json!(kept) };
+    let patch = json!({"metadata": {"finalizers": kept, "uid": pod.uid(), "resourceVersion": pod.resource_version()}});
+    match api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Upstream's orphan-pod handling: a pod keeping the tracking finalizer whose Job is gone is let go.
+async fn release_orphans(
+    client: Client,
+    jobs: Store<Job>,
+    pods: impl futures::Stream<Item = Result<Pod, watcher::Error>>,
+    shutdown: CancellationToken,
+) {
+    let mut pods = std::pin::pin!(pods.take_until(shutdown.cancelled_owned()));
+    jobs.wait_until_ready().await.ok();
+    while let Some(Ok(pod)) = pods.next().await {
+        let Some(job) = owner(pod.clone()).filter(|_| has_finalizer(&pod)) else { continue };
+        let ours = jobs
+            .get(&job)
+            .is_some_and(|j| controller_of(&pod.metadata).is_some_and(|r| Some(&r.uid) == j.uid().as_ref()));
+        if !ours && let Err(e) = remove_finalizer(&client, &pod).await {
+            tracing::debug!("job controller: releasing orphan pod {}: {e}", pod.name_any());
+        }
+    }
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+}
+
+/// A pod that is over for its Job: it finished, or it is being deleted and not running
+/// (upstream counts a deleted unfinished pod as failed).
+fn finished(pod: &Pod) -> Option<bool> {
+    match phase(pod) {
+        "Succeeded" => Some(true),
+        "Failed" => Some(false),
+        _ if pod.metadata.deletion_timestamp.is_some() && !running_containers(pod) => Some(false),
+        _ => None,
+    }
+}
+
+fn running_containers(pod: &Pod) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+fn index_of(pod: &Pod) -> Option<i32> {
+    pod.annotations().get(INDEX).and_then(|i| i.parse().ok())
+}
+
+fn condition_true(status: &JobStatus, kind: &str) -> bool {
+    status.conditions.iter().flatten().any(|c| c.type_ == kind && c.status == "True")
+}
+
+fn set_condition(status: &mut JobStatus, kind: &str, value: &str, reason: &str, message: &str, now: Timestamp) -> bool {
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == kind) {
+        if c.status == value && c.reason.as_deref() == Some(reason) {
+            return false;
+        }
+        if c.status != value {
+            c.last_transition_time = Some(Time(now));
+        }
+        c.status = value.into();
+        c.reason = Some(reason.into());
+        c.message = Some(message.into());
+        c.last_probe_time = Some(Time(now));
+        return true;
+    }
+    conditions.push(JobCondition {
+        type_: kind.into(),
+        status: value.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_probe_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+    });
+    true
+}
+
+/// Indexes as `status.completedIndexes` writes them: `0-2,5`.
+pub fn format_indexes(indexes: &BTreeSet<i32>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut iter = indexes.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end = iter.next().unwrap_or(end);
+        }
+        out.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+    }
+    out.join(",")
+}
+
+/// Parses `status.completedIndexes`.
+pub fn parse_indexes(text: &str) -> BTreeSet<i32> {
+    let mut out = BTreeSet::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<i32>(), b.parse::<i32>()) {
+                    out.extend(a..=b);
+                }
+            }
+            None => out.extend(part.parse::<i32>().ok()),
+        }
+    }
+    out
+}
+
+/// The delay before a replacement after `failures` failures in a row.
+fn failure_backoff(failures: u32) -> Duration {
+    FAILURE_BACKOFF
+        .saturating_mul(1u32.checked_shl(failures.saturating_sub(1)).unwrap_or(u32::MAX))
+        .min(MAX_FAILURE_BACKOFF)
+}
+
+impl Reconciler for Jobs {
+    type Object = Job;
+    const NAME: &'static str = "job";
+
+    async fn reconcile(&self, job: Arc<Job>) -> Result<Action, Error> {
+        let ns = job.namespace().unwrap_or_default();
+        let key = format!("{ns}/{}", job.name_any());
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
+        let spec = job.spec.clone().unwrap_or_default();
+        let rv = |j: &Job| j.resource_version().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let mut version = rv(&job);
+        {
+            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            match written.get(&key) {
+                Some(w) if *w > version => return Ok(Action::await_change()),
+                Some(_) => {
+                    written.remove(&key);
+                }
+                None => {}
+            }
+        }
+        let satisfied = self.expectations.satisfied_in(&key, &self.pods, &ns);
+        let candidates = self.pods.state().into_iter().filter(|p| p.namespace().as_deref() == Some(&ns));
+        let claim = Claim { owner: &*job, adopting: job.metadata.deletion_timestamp.is_none() };
+        let pods = claim.claim(&api, candidates, |p| selector_matches(spec.selector.as_ref(), p.labels())).await?;
+
+        let now = Timestamp::now();
+        let old = job.status.clone().unwrap_or_default();
+        let mut status = old.clone();
+        let done = condition_true(&status, "Complete") || condition_true(&status, "Failed");
+        let uncounted = status.uncounted_terminated_pods.clone().unwrap_or_default();
+        let (mut new_succeeded, mut new_failed) =
+            (uncounted.succeeded.clone().unwrap_or_default(), uncounted.failed.clone().unwrap_or_default());
+        let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+        let mut completed = parse_indexes(status.completed_indexes.as_deref().unwrap_or_default());
+
+        // 1. Finished pods still holding the finalizer are recorded as uncounted.
+        let mut newly = 0;
+        for p in pods.iter().filter(|p| has_finalizer(p)) {
+            let (Some(ok), Some(uid)) = (finished(p), p.uid()) else { continue };
+            if new_succeeded.contains(&uid) || new_failed.contains(&uid) || newly >= MAX_UNCOUNTED {
+                continue;
+            }
+            newly += 1;
+            if ok {
+                new_succeeded.push(uid)
+            } else {
+                new_failed.push(uid)
+            }
+            if !ok {
+                let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+                let entry = backoff.entry(key.clone()).or_insert((0, now));
+                *entry = (entry.0 + 1, now);
+            } else {
+                self.backoff.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            }
+        }
+        if newly > 0 {
+            status.uncounted_terminated_pods = Some(UncountedTerminatedPods {
+                succeeded: Some(new_succeeded.clone()),
+                failed: Some(new_failed.clone()),
+            });
+            self.write_status(&jobs, &key, &mut version, &old, &status).await?;
+        }
+        // 2. Their finalizers go, 3. then they count.
+        let recorded: Vec<&Arc<Pod>> = pods
+            .iter()
+            .filter(|p| {
+                has_finalizer(p) && p.uid().is_some_and(|u| new_succeeded.contains(&u) || new_failed.contains(&u))
+            })
+            .collect();
+        let removed = join_all(recorded.iter().map(|p| remove_finalizer(&self.client, p))).await;
+        if let Some(e) = removed.into_iter().find_map(Result::err) {
+            return Err(e.into());
+        }
+        let by_uid: HashMap<String, &Arc<Pod>> = pods.iter().filter_map(|p| Some((p.uid()?, p))).collect();
+        let succeeded_now = new_succeeded.len() as i32;
+        for uid in &new_succeeded {
+            if indexed && let Some(i) = by_uid.get(uid).and_then(|p| index_of(p)) {
+                completed.insert(i);
+            }
+        }
+        if indexed {
+            status.succeeded = Some(completed.len() as i32);
+            status.completed_indexes = Some(format_indexes(&completed));
+        } else {
+            status.succeeded = Some(old.succeeded.unwrap_or(0) + succeeded_now);
+        }
+        status.failed = Some(old.failed.unwrap_or(0) + new_failed.len() as i32);
+        status.uncounted_terminated_pods = Some(UncountedTerminatedPods::default());
+
+        // The pods still running for the Job.
+        let active: Vec<&Arc<Pod>> =
+            pods.iter().filter(|p| finished(p).is_none() && p.metadata.deletion_timestamp.is_none()).collect();
+        let terminating =
+            pods.iter().filter(|p| p.metadata.deletion_timestamp.is_some() && finished(p).is_none()).count();
+        status.active = Some(active.len() as i32);
+        status.ready = Some(active.iter().filter(|p| is_ready(p)).count() as i32);
+        status.terminating = Some(terminating as i32);
+
+        let mut requeue = None;
+        if done {
+            self.backoff.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        } else if satisfied {
+            requeue = self.manage(&job, &key, &api, &mut status, &active, &completed, now).await?;
+        }
+        self.write_status(&jobs, &key, &mut version, &old, &status).await?;
+        Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+    }
+}
+
+impl Jobs {
+    /// Writes the status if it changed, at resourceVersion `version` (a precondition: counts are
+    /// never written over a Job this sync did not see), which becomes the written one.
+    async fn write_status(
+        &self,
+        jobs: &Api<Job>,
+        key: &str,
+        version: &mut u64,
+        old: &JobStatus,
+        status: &JobStatus,
+    ) -> Result<(), Error> {
+        if old == status {
+            return Ok(());
+        }
+        let name = key.split_once('/').map_or(key, |(_, n)| n);
+        let mut body = json!({"metadata": {"resourceVersion": version.to_string()}, "status": status});
+        // A merge patch keeps what it does not mention: cleared fields are sent as null.
+        for (field, empty) in [
+            ("completedIndexes", status.completed_indexes.is_none()),
+            ("completionTime", status.completion_time.is_none()),
+            ("startTime", status.start_time.is_none()),
+        ] {
+            if empty {
+                body["status"][field] = serde_json::Value::Null;
+            }
+        }
+        let uncounted = status.uncounted_terminated_pods.clone().unwrap_or_default();
+        for (field, uids) in [("succeeded", uncounted.succeeded), ("failed", uncounted.failed)] {
+            let uids = uids.filter(|u| !u.is_empty()).map_or(serde_json::Value::Null, |u| json!(u));
+            body["status"]["uncountedTerminatedPods"][field] = uids;
+        }
+        let written = jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&body)).await?;
+        *version = written.resource_version().and_then(|v| v.parse().ok()).unwrap_or(*version);
+        self.written.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), *version);
+        Ok(())
+    }
+
+    fn event(&self, job: &Job, kind: EventType, reason: &str, message: String) {
+        self.recorder.record(EventObject::of(job), kind, reason, "Sync", message);
+    }
+
+    /// Suspends, fails, completes, or creates and deletes pods; returns when to look again.
+    #[allow(clippy::too_many_arguments)]
+    async fn manage(
+        &self,
+        job: &Job,
+        key: &str,
+        api: &Api<Pod>,
+        status: &mut JobStatus,
+        active: &[&Arc<Pod>],
+        completed: &BTreeSet<i32>,
+        now: Timestamp,
+    ) -> Result<Option<Duration>, Error> {
+        let spec = job.spec.clone().unwrap_or_default();
+        let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+
+        if spec.suspend == Some(true) {
+            if set_condition(status, "Suspended", "True", "JobSuspended", "Job suspended", now) {
+                self.event(job, EventType::Normal, "Suspended", "Job suspended".into());
+            }
+            status.start_time = None;
+            self.delete_pods(job, key, api, active).await?;
+            status.active = Some(0);
+            return Ok(None);
+        }
+        if condition_true(status, "Suspended") {
+            set_condition(status, "Suspended", "False", "JobResumed", "Job resumed", now);
+            self.event(job, EventType::Normal, "Resumed", "Job resumed".into());
+        }
+        let start = status.start_time.get_or_insert(Time(now)).clone();
+
+        // Failure: the backoff limit, or the deadline.
+        let failed = status.failed.unwrap_or(0);
+        let deadline = spec.active_deadline_seconds.map(|s| start.0 + SignedDuration::from_secs(s));
+        let failure = if failed > spec.backoff_limit.unwrap_or(6) {
+            Some(("BackoffLimitExceeded", "Job has reached the specified backoff limit"))
+        } else if deadline.is_some_and(|d| d <= now) {
+            Some(("DeadlineExceeded", "Job was active longer than specified deadline"))
+        } else {
+            None
+        };
+        if let Some((reason, message)) = failure.or_else(|| {
+            condition_true(status, "FailureTarget").then(|| {
+                let c = status.conditions.iter().flatten().find(|c| c.type_ == "FailureTarget");
+                let reason = c.and_then(|c| c.reason.clone()).unwrap_or_default();
+                if reason == "DeadlineExceeded" {
+                    ("DeadlineExceeded", "Job was active longer than specified deadline")
+                } else {
+                    ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+                }
+            })
+        }) {
+            set_condition(status, "FailureTarget", "True", reason, message, now);
+            self.delete_pods(job, key, api, active).await?;
+            if status.terminating.unwrap_or(0) == 0 && active.is_empty() {
+                if set_condition(status, "Failed", "True", reason, message, now) {
+                    self.event(job, EventType::Warning, reason, message.into());
+                }
+                status.active = Some(0);
+            }
+            return Ok(None);
+        }
+
+        // Success: every completion (or, with no completions, one success and nothing running).
+        let succeeded = status.succeeded.unwrap_or(0);
+        let met = match spec.completions {
+            Some(c) => succeeded >= c,
+            None => succeeded > 0,
+        };
+        if met || condition_true(status, "SuccessCriteriaMet") {
+            let message = "Reached expected number of succeeded pods";
+            set_condition(status, "SuccessCriteriaMet", "True", "CompletionsReached", message, now);
+            self.delete_pods(job, key, api, active).await?;
+            if active.is_empty() && status.terminating.unwrap_or(0) == 0 {
+                status.completion_time.get_or_insert(Time(now));
+                if set_condition(status, "Complete", "True", "CompletionsReached", message, now) {
+                    self.event(job, EventType::Normal, "Completed", "Job completed".into());
+                }
+            }
+            return Ok(None);
+        }
+
+        // Replacements wait out the failure backoff.
+        let backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied();
+        if let Some((failures, at)) = backoff {
+            let due = at + SignedDuration::try_from(failure_backoff(failures)).unwrap_or(SignedDuration::ZERO);
+            if due > now {
+                let wait = due.duration_since(now).unsigned_abs();
+                return Ok(Some(deadline.map_or(wait, |d| wait.min(d.duration_since(now).unsigned_abs()))));
+            }
+        }
+
+        let parallelism = spec.parallelism.unwrap_or(1).max(0) as usize;
+        let wanted = if indexed {
+            let running: BTreeSet<i32> = active.iter().filter_map(|p| index_of(p)).collect();
+            let pending: Vec<i32> =
+                (0..spec.completions.unwrap_or(0)).filter(|i| !completed.contains(i) && !running.contains(i)).collect();
+            let room = parallelism.saturating_sub(active.len());
+            pending.into_iter().take(room.min(BURST)).map(Some).collect::<Vec<_>>()
+        } else {
+            let left = spec.completions.map_or(parallelism, |c| (c - succeeded).max(0) as usize);
+            let want = parallelism.min(left);
+            if active.len() > want {
+                let surplus: Vec<&Arc<Pod>> = active.iter().rev().take(active.len() - want).copied().collect();
+                self.delete_pods(job, key, api, &surplus).await?;
+            }
+            vec![None; want.saturating_sub(active.len()).min(BURST)]
+        };
+        self.create_pods(job, key, api, &wanted).await?;
+        Ok(deadline.map(|d| d.duration_since(now).unsigned_abs()))
+    }
+
+    async fn create_pods(&self, job: &Job, key: &str, api: &Api<Pod>, indexes: &[Option<i32>]) -> Result<(), Error> {
+        let params = PostParams::default();
+        let mut batch = 1;
+        let mut left = indexes;
+        while !left.is_empty() {
+            let (now, rest) = left.split_at(batch.min(left.len()));
+            let pods: Vec<Pod> = now.iter().map(|i| pod_from_template(job, *i)).collect();
+            let created = join_all(pods.iter().map(|p| api.create(&params, p))).await;
+            let mut failed = None;
+            for result in created {
+                match result {
+                    Ok(p) => {
+                        self.expectations.created(key, p.name_any());
+                        self.event(
+                            job,
+                            EventType::Normal,
+                            "SuccessfulCreate",
+                            format!("Created pod: {}", p.name_any()),
+                        );
+                    }
+                    Err(e) => {
+                        self.event(
+                            job,
+                            EventType::Warning,
+                            "FailedCreate",
+                            format!("Error creating: {}", runtime::api_message(&e)),
+                        );
+                        failed = Some(e);
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            left = rest;
+            batch *= 2;
+        }
+        Ok(())
+    }
+
+    async fn delete_pods(&self, job: &Job, key: &str, api: &Api<Pod>, pods: &[&Arc<Pod>]) -> Result<(), Error> {
+        let live: Vec<&&Arc<Pod>> = pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+        for p in &live {
+            self.expectations.deleted(key, p.name_any(), p.uid().unwrap_or_default());
+        }
+        let params = DeleteParams::default();
+        let names: Vec<String> = live.iter().map(|p| p.name_any()).collect();
+        for (name, result) in names.iter().zip(join_all(names.iter().map(|n| api.delete(n, &params))).await) {
+            match result {
+                Ok(_) => self.event(job, EventType::Normal, "SuccessfulDelete", format!("Deleted pod: {name}")),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A pod of the Job's template, with the tracking finalizer; an Indexed Job's carries its index
+/// (annotation, label, `JOB_COMPLETION_INDEX`, hostname `<job>-<index>`).
+fn pod_from_template(job: &Job, index: Option<i32>) -> Pod {
+    let spec = job.spec.clone().unwrap_or_default();
+    let meta = spec.template.metadata.unwrap_or_default();
+    let name = job.name_any();
+    let mut pod = Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(match index {
+                Some(i) => format!("{name}-{i}-"),
+                None => format!("{name}-"),
+            }),
+            labels: meta.labels,
+            annotations: meta.annotations,
+            finalizers: Some(
+                meta.finalizers.unwrap_or_default().into_iter().chain([TRACKING_FINALIZER.to_string()]).collect(),
+            ),
+            owner_references: Some(vec![controller_ref(job)]),
+            ..ObjectMeta::default()
+        },
+        spec: spec.template.spec,
+        status: None,
+    };
+    if let Some(i) = index {
+        let text = i.to_string();
+        pod.metadata.annotations.get_or_insert_with(Default::default).insert(INDEX.into(), text.clone());
+        pod.metadata.labels.get_or_insert_with(Default::default).insert(INDEX.into(), text);
+        if let Some(s) = pod.spec.as_mut() {
+            s.hostname.get_or_insert_with(|| format!("{name}-{i}"));
+            let env = EnvVar {
+                name: "JOB_COMPLETION_INDEX".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: format!("metadata.annotations['{INDEX}']"),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            for c in s.containers.iter_mut().chain(s.init_containers.iter_mut().flatten()) {
+                c.env.get_or_insert_with(Vec::new).push(env.clone());
+            }
+        }
+    }
+    pod
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indexes_round_trip_as_intervals() {
+        let set: BTreeSet<i32> = [0, 1, 2, 5, 7, 8].into();
+        assert_eq!(format_indexes(&set), "0-2,5,7-8");
+        assert_eq!(parse_indexes("0-2,5,7-8"), set);
+        assert!(parse_indexes("").is_empty());
+    }
+
+    #[test]
+    fn failures_back_off_from_10s_to_10_minutes() {
+        assert_eq!(failure_backoff(1), Duration::from_secs(10));
+        assert_eq!(failure_backoff(3), Duration::from_secs(40));
+        assert_eq!(failure_backoff(30), Duration::from_secs(600));
+    }
+
+    #[test]
+    fn indexed_pods_carry_their_index() {
+        let job: Job = serde_json::from_value(json!({"metadata": {"name": "work", "uid": "u"},
+            "spec": {"completionMode": "Indexed", "completions": 3, "template": {"metadata": {"labels": {"a": "b"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c"}]}}}}))
+        .unwrap();
+        let pod = pod_from_template(&job, Some(2));
+        assert_eq!(pod.metadata.generate_name.as_deref(), Some("work-2-"));
+        assert_eq!(pod.annotations().get(INDEX).map(String::as_str), Some("2"));
+        assert!(has_finalizer(&pod));
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.hostname.as_deref(), Some("work-2"));
+        assert_eq!(spec.containers[0].env.as_ref().unwrap()[0].name, "JOB_COMPLETION_INDEX");
+    }
+}
