@@ -30,7 +30,7 @@ use anyhow::{Context as _, Result, bail};
 use api_server::Cairn;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 struct Scenario {
@@ -126,23 +126,7 @@ async fn run_scenario(sc: &Scenario, clients: usize, timeout: Duration) -> Resul
                 let name = p.metadata.name.clone().unwrap_or_default();
                 bound.lock().unwrap_or_else(|e| e.into_inner()).entry(name).or_insert_with(Instant::now);
             };
-            let mut rv = rv;
-            loop {
-                let params = WatchParams::default().fields("spec.nodeName!=").timeout(290);
-                if let Ok(stream) = pods.watch(&params, &rv).await {
-                    let mut stream = stream.boxed();
-                    while let Some(Ok(ev)) = stream.next().await {
-                        match ev {
-                            WatchEvent::Added(p) | WatchEvent::Modified(p) => note(&p),
-                            WatchEvent::Error(_) => break,
-                            _ => {}
-                        }
-                    }
-                }
-                let Ok(list) = pods.list(&ListParams::default().fields("spec.nodeName!=")).await else { return };
-                list.items.iter().for_each(note);
-                rv = list.metadata.resource_version.unwrap_or_default();
-            }
+            api_server::follow_pods(pods, "spec.nodeName!=", "", rv, note).await;
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;

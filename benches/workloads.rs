@@ -28,7 +28,7 @@ use api_server::Cairn;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -74,24 +74,7 @@ impl Seen {
                     b.lock().unwrap_or_else(|e| e.into_inner()).entry(name).or_insert(now);
                 }
             };
-            let mut rv = rv;
-            loop {
-                let params = WatchParams::default().labels(&selector).timeout(290);
-                if let Ok(stream) = pods.watch(&params, &rv).await {
-                    let mut stream = stream.boxed();
-                    while let Some(Ok(ev)) = stream.next().await {
-                        match ev {
-                            WatchEvent::Added(p) | WatchEvent::Modified(p) => note(&p),
-                            WatchEvent::Error(_) => break,
-                            _ => {}
-                        }
-                    }
-                }
-                // Fallen behind (410): a list catches up and the watch resumes from it.
-                let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await else { return };
-                list.items.iter().for_each(note);
-                rv = list.metadata.resource_version.unwrap_or_default();
-            }
+            api_server::follow_pods(pods, "", &selector, rv, note).await;
         });
         Ok(Seen { created, bound, task })
     }

@@ -9,6 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 
 use super::binary;
 
@@ -97,5 +100,33 @@ impl Cairn {
         // SAFETY: sysconf only reads a constant of the running system.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
         Ok(Duration::from_millis(ticks * 1000 / hz))
+    }
+}
+
+/// Calls `note` for every pod added or changed from resourceVersion `rv` on, among those a field
+/// selector and a label selector (either may be empty) pick. Should the watch fall behind (410), a
+/// list catches up and the watch resumes from it. Runs until the task is aborted.
+pub async fn follow_pods(pods: Api<Pod>, fields: &str, labels: &str, mut rv: String, note: impl Fn(&Pod)) {
+    let (mut list, mut watch) = (ListParams::default(), WatchParams::default().timeout(290));
+    if !fields.is_empty() {
+        (list, watch) = (list.fields(fields), watch.fields(fields));
+    }
+    if !labels.is_empty() {
+        (list, watch) = (list.labels(labels), watch.labels(labels));
+    }
+    loop {
+        if let Ok(stream) = pods.watch(&watch, &rv).await {
+            let mut stream = stream.boxed();
+            while let Some(Ok(ev)) = stream.next().await {
+                match ev {
+                    WatchEvent::Added(p) | WatchEvent::Modified(p) => note(&p),
+                    WatchEvent::Error(_) => break,
+                    _ => {}
+                }
+            }
+        }
+        let Ok(items) = pods.list(&list).await else { return };
+        items.items.iter().for_each(&note);
+        rv = items.metadata.resource_version.unwrap_or_default();
     }
 }

@@ -17,13 +17,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::informer::Informer;
+use super::informer::{Cache, Informer};
 use super::ownership::{Claim, controlled_by, controller_of, controller_ref};
 use super::runtime::{self, Error, Reconciler, api_message};
 use crate::events::{EventType, ObjectRef as EventObject, Recorder};
@@ -49,30 +49,30 @@ const MAX_REVISION_HISTORY_CHARS: usize = 2000;
 
 pub struct Deployments {
     client: Client,
-    sets: Store<ReplicaSet>,
-    pods: Store<Pod>,
+    sets: Cache<ReplicaSet>,
+    pods: Cache<Pod>,
     recorder: Recorder,
 }
 
 /// Starts the controller on the shared ReplicaSet and pod watches.
 pub fn spawn(client: &Client, sets: &mut Informer<ReplicaSet>, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
     let controller = Controller::new(Api::<Deployment>::all(client.clone()), watcher::Config::default());
-    let deployments = controller.store();
-    let (for_sets, for_pods, set_store) = (deployments.clone(), deployments, sets.store());
+    let deployments: Cache<Deployment> = controller.store();
+    let (for_sets, for_pods, set_cache) = (deployments.clone(), deployments, sets.cache());
     let controller = controller
         .watches_stream(sets.subscribe(), move |rs| set_owners(&for_sets, &rs))
-        .watches_stream(pods.subscribe(), move |pod| recreating_owner(&for_pods, &set_store, &pod));
+        .watches_stream(pods.subscribe(), move |pod| recreating_owner(&for_pods, &set_cache, &pod));
     let reconciler = Deployments {
         client: client.clone(),
-        sets: sets.store(),
-        pods: pods.store(),
+        sets: sets.cache(),
+        pods: pods.cache(),
         recorder: Recorder::spawn(client.clone(), "deployment-controller".into(), String::new()),
     };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
 }
 
 /// A set's controller if that is a Deployment; for an orphan, every Deployment that selects it.
-fn set_owners(deployments: &Store<Deployment>, rs: &ReplicaSet) -> Vec<ObjectRef<Deployment>> {
+fn set_owners(deployments: &Cache<Deployment>, rs: &ReplicaSet) -> Vec<ObjectRef<Deployment>> {
     let ns = rs.namespace().unwrap_or_default();
     match controller_of(&rs.metadata) {
         Some(r) if r.kind == "Deployment" && r.api_version == "apps/v1" => vec![ObjectRef::new(&r.name).within(&ns)],
@@ -88,8 +88,8 @@ fn set_owners(deployments: &Store<Deployment>, rs: &ReplicaSet) -> Vec<ObjectRef
 
 /// The Deployment a pod belongs to, when it uses Recreate: it waits for old pods to be gone.
 fn recreating_owner(
-    deployments: &Store<Deployment>,
-    sets: &Store<ReplicaSet>,
+    deployments: &Cache<Deployment>,
+    sets: &Cache<ReplicaSet>,
     pod: &Pod,
 ) -> Option<ObjectRef<Deployment>> {
     let ns = pod.namespace()?;
@@ -346,24 +346,20 @@ impl Reconciler for Deployments {
             claim.claim(&sets_api, candidates, |rs| selector_matches(Some(&d.spec.selector), rs.labels())).await?;
         let owned: Vec<ReplicaSet> = owned.iter().map(|rs| (**rs).clone()).collect();
 
+        let sets = sync.sets(&mut d, owned).await?;
         if d.metadata.deletion_timestamp.is_some() {
-            let sets = sync.sets(&mut d, owned, false).await?;
             sync.sync_status(&mut d, &sets).await?;
             return Ok(Action::await_change());
         }
         sync.paused_condition(&mut d).await?;
-        if d.spec.paused == Some(true) {
-            sync.sync(&mut d, owned).await?;
-            return Ok(Action::await_change());
-        }
-        if sync.scaling_event(&mut d, &owned).await? {
-            sync.sync(&mut d, owned).await?;
+        if d.spec.paused == Some(true) || scaling_event(&d, &sets) {
+            sync.sync(&mut d, sets).await?;
             return Ok(Action::await_change());
         }
         if strategy_type(&d) == "Recreate" {
-            sync.recreate(&mut d, owned).await
+            sync.recreate(&mut d, sets).await
         } else {
-            sync.rolling(&mut d, owned).await
+            sync.rolling(&mut d, sets).await
         }
     }
 }
@@ -388,9 +384,9 @@ impl Sync<'_> {
         Ok(self.api.replace(&rs.name_any(), &PostParams::default(), rs).await?)
     }
 
-    /// `getAllReplicaSetsAndSyncRevision`: the new set (made if `create`) and the old ones, with
-    /// the new set's revision and annotations brought up to date.
-    async fn sets(&self, d: &mut Deployment, mut owned: Vec<ReplicaSet>, create: bool) -> Result<Sets, Error> {
+    /// `getAllReplicaSetsAndSyncRevision` without creating: the new set (if there is one) and the
+    /// old ones, with the new set's revision and annotations brought up to date.
+    async fn sets(&self, d: &mut Deployment, mut owned: Vec<ReplicaSet>) -> Result<Sets, Error> {
         owned.sort_by(by_creation);
         let new_index = owned
             .iter()
@@ -422,10 +418,14 @@ impl Sync<'_> {
             }
             return Ok(Sets { new: Some(rs), old });
         }
-        if !create {
-            return Ok(Sets { new: None, old });
-        }
+        Ok(Sets { new: None, old })
+    }
 
+    /// Makes the new set `<name>-<hash>` of a Deployment that has none (`getNewReplicaSet`'s
+    /// creating half), sized as the strategy allows.
+    async fn create_new(&self, d: &mut Deployment, sets: &mut Sets) -> Result<(), Error> {
+        let new_revision = (sets.old.iter().map(revision).max().unwrap_or(0) + 1).to_string();
+        let now = Timestamp::now();
         let collisions = d.status.as_ref().and_then(|s| s.collision_count);
         let hash = template_hash(&d.spec.template, collisions);
         let mut template = d.spec.template.clone();
@@ -453,7 +453,7 @@ impl Sync<'_> {
             },
             status: None,
         };
-        let probe = Sets { new: Some(rs.clone()), old: old.clone() };
+        let probe = Sets { new: Some(rs.clone()), old: sets.old.clone() };
         let count = new_set_replicas(d, &probe, &rs);
         rs.spec.replicas = Some(count);
         new_set_annotations(d, &mut rs, &new_revision, false);
@@ -514,7 +514,8 @@ impl Sync<'_> {
             set_condition(&mut status, new_condition("Progressing", "True", "NewReplicaSetCreated", msg, now));
         }
         self.write_status(d, status).await?;
-        Ok(Sets { new: Some(created), old })
+        sets.new = Some(created);
+        Ok(())
     }
 
     fn event(&self, d: &Deployment, reason: &str, message: String) {
@@ -576,19 +577,8 @@ impl Sync<'_> {
         self.write_status(d, status).await
     }
 
-    /// `isScalingEvent`: an active set's desired-replicas annotation differs from `spec.replicas`.
-    async fn scaling_event(&self, d: &mut Deployment, owned: &[ReplicaSet]) -> Result<bool, Error> {
-        let sets = self.sets(d, owned.to_vec(), false).await?;
-        let want = i64::from(replicas(d));
-        Ok(sets
-            .all()
-            .filter(|rs| rs_replicas(rs) > 0)
-            .any(|rs| annotation(rs, DESIRED_REPLICAS).is_some_and(|n| n != want)))
-    }
-
     /// `sync`: scaling (and history cleanup while paused), then the status.
-    async fn sync(&self, d: &mut Deployment, owned: Vec<ReplicaSet>) -> Result<(), Error> {
-        let mut sets = self.sets(d, owned, false).await?;
+    async fn sync(&self, d: &mut Deployment, mut sets: Sets) -> Result<(), Error> {
         self.scale(d, &mut sets).await?;
         if d.spec.paused == Some(true) {
             self.cleanup(d, &sets).await?;
@@ -652,8 +642,10 @@ impl Sync<'_> {
     }
 
     /// `rolloutRolling`: either scale the new set up or the old ones down, then the status.
-    async fn rolling(&self, d: &mut Deployment, owned: Vec<ReplicaSet>) -> Result<Action, Error> {
-        let mut sets = self.sets(d, owned, true).await?;
+    async fn rolling(&self, d: &mut Deployment, mut sets: Sets) -> Result<Action, Error> {
+        if sets.new.is_none() {
+            self.create_new(d, &mut sets).await?;
+        }
         if self.scale_up_new(d, &mut sets).await? {
             return self.rollout_status(d, &sets).await;
         }
@@ -736,8 +728,7 @@ impl Sync<'_> {
     }
 
     /// `rolloutRecreate`: old sets to zero, wait until no old pod runs, then the new set to full size.
-    async fn recreate(&self, d: &mut Deployment, owned: Vec<ReplicaSet>) -> Result<Action, Error> {
-        let mut sets = self.sets(d, owned, false).await?;
+    async fn recreate(&self, d: &mut Deployment, mut sets: Sets) -> Result<Action, Error> {
         let mut scaled_down = false;
         for rs in sets.active_old() {
             let rs = self.scale_set(d, &rs, 0).await?;
@@ -748,8 +739,7 @@ impl Sync<'_> {
             return self.rollout_status(d, &sets).await;
         }
         if sets.new.is_none() {
-            let owned: Vec<ReplicaSet> = sets.old.clone();
-            sets = self.sets(d, owned, true).await?;
+            self.create_new(d, &mut sets).await?;
         }
         if let Some(new) = sets.new.clone()
             && rs_replicas(&new) != replicas(d)
@@ -929,6 +919,12 @@ fn calculate_status(d: &Deployment, sets: &Sets, now: Timestamp) -> DeploymentSt
     };
     set_condition(&mut status, c);
     status
+}
+
+/// `isScalingEvent`: an active set's desired-replicas annotation differs from `spec.replicas`.
+fn scaling_event(d: &Deployment, sets: &Sets) -> bool {
+    let want = i64::from(replicas(d));
+    sets.all().filter(|rs| rs_replicas(rs) > 0).any(|rs| annotation(rs, DESIRED_REPLICAS).is_some_and(|n| n != want))
 }
 
 /// `FindActiveOrLatest`: the only set with replicas, or the newest set when none has any.

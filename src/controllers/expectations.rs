@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
+
+use super::informer::Cache;
 
 /// Upstream's `ExpectationsTimeout`.
 const TIMEOUT: Duration = Duration::from_secs(5 * 60);
@@ -71,7 +73,7 @@ impl Expectations {
     }
 
     /// [`Self::satisfied`] for pods of namespace `ns`, seen in `pods`.
-    pub fn satisfied_in(&self, key: &str, pods: &Store<Pod>, ns: &str) -> bool {
+    pub fn satisfied_in(&self, key: &str, pods: &Cache<Pod>, ns: &str) -> bool {
         let cached = |name: &str| pods.get(&ObjectRef::new(name).within(ns));
         self.satisfied(
             key,

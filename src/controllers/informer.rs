@@ -13,13 +13,16 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+/// A controller's client-side cache of a kind (kube-runtime's reflector store; not cairn's store).
+pub type Cache<K> = Store<K>;
+
 /// Changes a slow subscriber may fall behind by before the watch waits for it.
 const BUFFER: usize = 1024;
 
 pub struct Informer<K: kube::Resource<DynamicType = ()> + Clone + 'static> {
     api: Api<K>,
     config: watcher::Config,
-    reader: Store<K>,
+    reader: Cache<K>,
     writer: reflector::store::Writer<K>,
     subscribers: Vec<mpsc::Sender<K>>,
 }
@@ -35,7 +38,7 @@ where
     }
 
     /// The cache, filled once the first list is in (`Store::wait_until_ready`).
-    pub fn store(&self) -> Store<K> {
+    pub fn cache(&self) -> Cache<K> {
         self.reader.clone()
     }
 

@@ -19,14 +19,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::expectations::Expectations;
-use super::informer::Informer;
+use super::informer::{Cache, Informer};
 use super::ownership::{Claim, controller_of, controller_ref};
 use super::pods::is_ready;
 use super::runtime::{self, Error, Reconciler};
@@ -45,7 +45,7 @@ const BURST: usize = 500;
 
 pub struct Jobs {
     client: Client,
-    pods: Store<Pod>,
+    pods: Cache<Pod>,
     expectations: Expectations,
     /// Per Job: failures since the last success and when the last one finished (upstream's
     /// backoff records), for the delay before a replacement.
@@ -60,12 +60,12 @@ pub struct Jobs {
 /// Jobs that are gone.
 pub fn spawn(client: &Client, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
     let controller = Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default());
-    let jobs = controller.store();
+    let jobs: Cache<Job> = controller.store();
     let controller = controller.watches_stream(pods.subscribe(), owner);
     tokio::spawn(release_orphans(client.clone(), jobs, pods.subscribe(), shutdown.clone()));
     let reconciler = Jobs {
         client: client.clone(),
-        pods: pods.store(),
+        pods: pods.cache(),
         expectations: Expectations::default(),
         backoff: Mutex::new(HashMap::new()),
         written: Mutex::new(HashMap::new()),
@@ -99,7 +99,7 @@ async fn remove_finalizer(client: &Client, pod: &Pod) -> Result<(), kube::Error>
 /// Upstream's orphan-pod handling: a pod keeping the tracking finalizer whose Job is gone is let go.
 async fn release_orphans(
     client: Client,
-    jobs: Store<Job>,
+    jobs: Cache<Job>,
     pods: impl futures::Stream<Item = Result<Pod, watcher::Error>>,
     shutdown: CancellationToken,
 ) {

@@ -16,13 +16,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::expectations::Expectations;
-use super::informer::Informer;
+use super::informer::{Cache, Informer};
 use super::ownership::{Claim, controlled_by, controller_of, controller_ref};
 use super::pods::{is_active, is_available, is_ready};
 use super::runtime::{self, Error, Reconciler, api_message};
@@ -36,21 +36,21 @@ const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 pub struct ReplicaSets {
     client: Client,
-    pods: Store<Pod>,
-    sets: Store<ReplicaSet>,
+    pods: Cache<Pod>,
+    sets: Cache<ReplicaSet>,
     expectations: Expectations,
     recorder: Recorder,
 }
 
 /// Starts the controller on the shared ReplicaSet and pod watches.
 pub fn spawn(client: &Client, sets: &mut Informer<ReplicaSet>, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
-    let controller = Controller::for_stream(sets.subscribe(), sets.store());
-    let sets = sets.store();
+    let controller = Controller::for_stream(sets.subscribe(), sets.cache());
+    let sets = sets.cache();
     let mapped = sets.clone();
     let controller = controller.watches_stream(pods.subscribe(), move |pod| owners(&mapped, &pod));
     let reconciler = ReplicaSets {
         client: client.clone(),
-        pods: pods.store(),
+        pods: pods.cache(),
         sets,
         expectations: Expectations::default(),
         recorder: Recorder::spawn(client.clone(), "replicaset-controller".into(), String::new()),
@@ -60,7 +60,7 @@ pub fn spawn(client: &Client, sets: &mut Informer<ReplicaSet>, pods: &mut Inform
 
 /// The sets a pod's change concerns: its controller if that is a ReplicaSet, and for an orphan
 /// every set of its namespace that selects it.
-fn owners(sets: &Store<ReplicaSet>, pod: &Pod) -> Vec<ObjectRef<ReplicaSet>> {
+fn owners(sets: &Cache<ReplicaSet>, pod: &Pod) -> Vec<ObjectRef<ReplicaSet>> {
     let ns = pod.namespace().unwrap_or_default();
     match controller_of(&pod.metadata) {
         Some(r) if r.kind == "ReplicaSet" && r.api_version == "apps/v1" => vec![ObjectRef::new(&r.name).within(&ns)],

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::patch::{self, PatchType};
 use super::validation::FieldError;
-use super::{Registry, Resource, Result, StatusError, WriteOptions, parse_rv, strategy};
+use super::{Registry, Resource, Result, StatusError, WriteOptions, parse_rv, strategy, to_bytes};
 
 /// The Scale of a workload given as JSON.
 fn scale_of(obj: &Value) -> Value {
@@ -55,10 +55,6 @@ fn scaled(mut obj: Value, replicas: i64) -> Value {
     }
     obj["spec"]["replicas"] = json!(replicas);
     obj
-}
-
-fn to_bytes(v: &Value) -> Result<bytes::Bytes> {
-    Ok(bytes::Bytes::from(serde_json::to_vec(v).map_err(StatusError::internal)?))
 }
 
 impl Registry {
