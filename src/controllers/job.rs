@@ -7,7 +7,7 @@
 //! finalizer: a finished pod is first recorded in `status.uncountedTerminatedPods`, then its
 //! finalizer removed, then counted, so a restart neither loses nor double-counts a completion.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,6 +53,9 @@ pub struct Jobs {
     /// Per Job: the resourceVersion of its last status write. A cached Job older than that is
     /// not synced (its counts would be stale); the watch brings the newer one.
     written: Mutex<HashMap<String, u64>>,
+    /// Per Job: pods already counted whose finalizer removal the pod cache has not shown yet
+    /// (upstream's finalizer expectations); they are never counted twice.
+    unfinalized: Mutex<HashMap<String, HashSet<String>>>,
     recorder: Recorder,
 }
 
@@ -69,6 +72,7 @@ pub fn spawn(client: &Client, pods: &mut Informer<Pod>, shutdown: &CancellationT
         expectations: Expectations::default(),
         backoff: Mutex::new(HashMap::new()),
         written: Mutex::new(HashMap::new()),
+        unfinalized: Mutex::new(HashMap::new()),
         recorder: Recorder::spawn(client.clone(), "job-controller".into(), String::new()),
     };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
@@ -129,6 +133,17 @@ fn finished(pod: &Pod) -> Option<bool> {
         _ if pod.metadata.deletion_timestamp.is_some() && !running_containers(pod) => Some(false),
         _ => None,
     }
+}
+
+/// The finished pods still holding the tracking finalizer and not in `seen` (recorded as
+/// uncounted, or counted with their finalizer removal not yet in the cache): (UID, succeeded),
+/// at most [`MAX_UNCOUNTED`].
+fn newly_finished(pods: &[Arc<Pod>], seen: &HashSet<String>) -> Vec<(String, bool)> {
+    pods.iter()
+        .filter(|p| has_finalizer(p))
+        .filter_map(|p| Some((p.uid().filter(|u| !seen.contains(u))?, finished(p)?)))
+        .take(MAX_UNCOUNTED)
+        .collect()
 }
 
 fn running_containers(pod: &Pod) -> bool {
@@ -246,28 +261,34 @@ impl Reconciler for Jobs {
         let indexed = spec.completion_mode.as_deref() == Some("Indexed");
         let mut completed = parse_indexes(status.completed_indexes.as_deref().unwrap_or_default());
 
+        // Pods counted earlier whose cached copy still shows the finalizer are left alone.
+        let counted: HashSet<String> = {
+            let mut unfinalized = self.unfinalized.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = unfinalized.entry(key.clone()).or_default();
+            entry.retain(|uid| pods.iter().any(|p| has_finalizer(p) && p.uid().as_ref() == Some(uid)));
+            let counted = entry.clone();
+            if counted.is_empty() {
+                unfinalized.remove(&key);
+            }
+            counted
+        };
+
         // 1. Finished pods still holding the finalizer are recorded as uncounted.
-        let mut newly = 0;
-        for p in pods.iter().filter(|p| has_finalizer(p)) {
-            let (Some(ok), Some(uid)) = (finished(p), p.uid()) else { continue };
-            if new_succeeded.contains(&uid) || new_failed.contains(&uid) || newly >= MAX_UNCOUNTED {
-                continue;
-            }
-            newly += 1;
-            if ok {
-                new_succeeded.push(uid)
+        let seen: HashSet<String> =
+            counted.into_iter().chain(new_succeeded.iter().chain(&new_failed).cloned()).collect();
+        let newly = newly_finished(&pods, &seen);
+        for (uid, ok) in &newly {
+            let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+            if *ok {
+                new_succeeded.push(uid.clone());
+                backoff.remove(&key);
             } else {
-                new_failed.push(uid)
-            }
-            if !ok {
-                let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+                new_failed.push(uid.clone());
                 let entry = backoff.entry(key.clone()).or_insert((0, now));
                 *entry = (entry.0 + 1, now);
-            } else {
-                self.backoff.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
             }
         }
-        if newly > 0 {
+        if !newly.is_empty() {
             status.uncounted_terminated_pods = Some(UncountedTerminatedPods {
                 succeeded: Some(new_succeeded.clone()),
                 failed: Some(new_failed.clone()),
@@ -284,6 +305,10 @@ impl Reconciler for Jobs {
         let removed = join_all(recorded.iter().map(|p| remove_finalizer(&self.client, p))).await;
         if let Some(e) = removed.into_iter().find_map(Result::err) {
             return Err(e.into());
+        }
+        if !recorded.is_empty() {
+            let mut unfinalized = self.unfinalized.lock().unwrap_or_else(|e| e.into_inner());
+            unfinalized.entry(key.clone()).or_default().extend(recorded.iter().filter_map(|p| p.uid()));
         }
         let by_uid: HashMap<String, &Arc<Pod>> = pods.iter().filter_map(|p| Some((p.uid()?, p))).collect();
         let succeeded_now = new_succeeded.len() as i32;
@@ -596,6 +621,24 @@ mod tests {
         assert_eq!(failure_backoff(1), Duration::from_secs(10));
         assert_eq!(failure_backoff(3), Duration::from_secs(40));
         assert_eq!(failure_backoff(30), Duration::from_secs(600));
+    }
+
+    #[test]
+    fn a_pod_is_counted_once_while_the_cache_lags() {
+        let pod = |uid: &str, phase: &str| -> Arc<Pod> {
+            Arc::new(
+                serde_json::from_value(
+                    json!({"metadata": {"name": uid, "uid": uid, "finalizers": [TRACKING_FINALIZER]},
+                    "status": {"phase": phase}}),
+                )
+                .unwrap(),
+            )
+        };
+        let pods = [pod("a", "Failed"), pod("b", "Succeeded"), pod("c", "Running")];
+        assert_eq!(newly_finished(&pods, &HashSet::new()), [("a".into(), false), ("b".into(), true)]);
+        // "a" was counted and its finalizer removed; the cache still shows the old copy.
+        let seen = HashSet::from(["a".to_string()]);
+        assert_eq!(newly_finished(&pods, &seen), [("b".into(), true)]);
     }
 
     #[test]
