@@ -443,6 +443,184 @@ fn check_kill9_mid_job(node: &mut Node) {
     node.ok(&["delete", "job", "steadfast"]);
 }
 
+fn stateful_set(name: &str, replicas: u32, extra: &str) -> String {
+    format!(
+        r#"{{"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {{"name": "{name}"}},
+  "spec": {{"replicas": {replicas}, "serviceName": "{name}", "selector": {{"matchLabels": {{"app": "{name}"}}}}, {extra}
+    "template": {{"metadata": {{"labels": {{"app": "{name}"}}}}, "spec": {{"terminationGracePeriodSeconds": 5,
+      "containers": [{{"name": "main", "image": "{BUSYBOX}", "command": ["/bin/sh", "-c",
+        "[ -f /data/id ] || hostname > /data/id; {STOPS_ON_TERM}"], "volumeMounts": [{{"name": "data", "mountPath": "/data"}}]}}]}}}},
+    "volumeClaimTemplates": [{{"metadata": {{"name": "data"}},
+      "spec": {{"accessModes": ["ReadWriteOnce"], "resources": {{"requests": {{"storage": "16Mi"}}}}}}}}]}}}}"#
+    )
+}
+
+fn sts_rollout_status(node: &Server, name: &str) -> String {
+    let out = node.kubectl(&["rollout", "status", &format!("statefulset/{name}"), "--timeout=90s"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "rollout of {name} did not finish: {text}{}\n{}\n--- server log ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.ok(&["get", "sts,pods,pvc", "-o", "wide"]),
+        node.log()
+    );
+    text
+}
+
+/// Names of the pods of `selector` not being deleted, in order.
+fn live_pods(node: &Server, selector: &str) -> Vec<String> {
+    let path = r#"{range .items[*]}{.metadata.deletionTimestamp}|{.metadata.name}{"\n"}{end}"#;
+    let mut names: Vec<String> = get(node, &format!("pods -l {selector}"), path)
+        .lines()
+        .filter_map(|l| l.strip_prefix('|').map(String::from))
+        .collect();
+    names.sort();
+    names
+}
+
+fn sts_exec(node: &Server, pod: &str, script: &str) -> String {
+    node.ok(&["exec", pod, "--", "sh", "-c", script])
+}
+
+/// A StatefulSet of 3 with a claim each: made in order, each pod once the one before is Ready;
+/// stable names, hostnames and claims across a pod deletion and a scale down and up; a
+/// partitioned rolling update, then the whole, then undo through its ControllerRevisions.
+fn check_stateful_set(node: &Server) {
+    node.ok_stdin(&["apply", "-f", "-"], &stateful_set("web", 3, ""));
+    // OrderedReady: never a pod before its predecessor is Ready.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let path = r#"{range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status} {end}"#;
+        let states = get(node, "pods -l app=web", path);
+        let mut ready: Vec<(String, bool)> = states
+            .split_whitespace()
+            .filter_map(|s| s.split_once('=').map(|(n, r)| (n.to_string(), r == "True")))
+            .collect();
+        ready.sort();
+        let names: Vec<&str> = ready.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(["web-0", "web-1", "web-2"].starts_with(&names), "pods out of order: {states}");
+        assert!(
+            ready.iter().rev().skip(1).all(|(_, r)| *r),
+            "a pod was made before the one before it was Ready: {states}"
+        );
+        if ready.len() == 3 && ready.iter().all(|(_, r)| *r) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the StatefulSet did not come up: {states}\n{}", node.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = sts_rollout_status(node, "web");
+    // A defaulted partition of 0 makes every rollout a partitioned one to kubectl, as upstream.
+    assert!(status.contains("partitioned roll out complete: 3 new pods have been updated"), "{status}");
+    let table = node.ok(&["get", "sts", "web"]);
+    assert!(table.lines().nth(1).is_some_and(|l| l.split_whitespace().take(2).eq(["web", "3/3"])), "{table}");
+    let claims = get(node, "pvc -l app=web", r#"{range .items[*]}{.metadata.name}={.status.phase} {end}"#);
+    assert_eq!(claims.trim(), "data-web-0=Bound data-web-1=Bound data-web-2=Bound");
+    assert_eq!(sts_exec(node, "web-1", "hostname; cat /data/id"), "web-1\nweb-1\n");
+    assert_eq!(
+        get(node, "pod/web-1", "{.spec.subdomain} {.metadata.labels.statefulset\\.kubernetes\\.io/pod-name}"),
+        "web web-1"
+    );
+    let events = node.ok(&["get", "events", "--field-selector", "involvedObject.name=web"]);
+    assert!(
+        events.contains("create Claim data-web-0 Pod web-0 in StatefulSet web success")
+            && events.contains("create Pod web-2 in StatefulSet web successful"),
+        "{events}"
+    );
+
+    // A deleted pod comes back under its name, on its claim.
+    sts_exec(node, "web-1", "echo kept > /data/marker");
+    let uid = get(node, "pod/web-1", "{.metadata.uid}");
+    node.ok(&["delete", "pod", "web-1", "--wait=false"]);
+    eventually(60, || {
+        let now = get(node, "pod/web-1", r#"{.metadata.uid} {.status.conditions[?(@.type=="Ready")].status}"#);
+        (now.split(' ').next() != Some(uid.as_str()) && now.ends_with("True")).then_some(())
+    });
+    assert_eq!(sts_exec(node, "web-1", "cat /data/marker /data/id"), "kept\nweb-1\n");
+
+    // Scale down goes from the highest ordinal, one at a time; the claims stay.
+    node.ok(&["scale", "sts/web", "--replicas=1"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let live = live_pods(node, "app=web");
+        let live: Vec<&str> = live.iter().map(String::as_str).collect();
+        assert!(["web-0", "web-1", "web-2"].starts_with(&live), "web-1 went before web-2: {live:?}");
+        if live == ["web-0"] && get(node, "pods -l app=web", "{.items[*].metadata.name}") == "web-0" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "scale down did not finish: {live:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(get(node, "pvc -l app=web", "{.items[*].metadata.name}"), "data-web-0 data-web-1 data-web-2");
+    node.ok(&["scale", "sts/web", "--replicas=3"]);
+    sts_rollout_status(node, "web");
+    assert_eq!(sts_exec(node, "web-2", "cat /data/id"), "web-2\n", "web-2 is back on its own claim");
+
+    // A partitioned update replaces only the pods at or above the partition.
+    node.ok(&["patch", "sts/web", "-p", r#"{"spec":{"updateStrategy":{"rollingUpdate":{"partition":2}}}}"#]);
+    node.ok(&["set", "image", "sts/web", &format!("main={BUSYBOX_2}")]);
+    let status = sts_rollout_status(node, "web");
+    assert!(status.contains("partitioned roll out complete: 1 new pods have been updated"), "{status}");
+    let images = |node: &Server| get(node, "pods -l app=web", r#"{range .items[*]}{.spec.containers[0].image} {end}"#);
+    assert_eq!(images(node).trim(), format!("{BUSYBOX} {BUSYBOX} {BUSYBOX_2}"));
+    node.ok(&["patch", "sts/web", "-p", r#"{"spec":{"updateStrategy":{"rollingUpdate":{"partition":0}}}}"#]);
+    sts_rollout_status(node, "web");
+    eventually(60, || (images(node).trim() == format!("{BUSYBOX_2} {BUSYBOX_2} {BUSYBOX_2}")).then_some(()));
+    let revisions = get(node, "controllerrevisions -l app=web", "{range .items[*]}{.revision} {end}");
+    assert_eq!(revisions.trim(), "1 2");
+    assert_eq!(get(node, "sts/web", "{.status.currentRevision}"), get(node, "sts/web", "{.status.updateRevision}"));
+    let history = node.ok(&["rollout", "history", "sts/web"]);
+    assert!(
+        history.contains("REVISION") && history.lines().filter(|l| l.starts_with(['1', '2'])).count() == 2,
+        "{history}"
+    );
+    node.ok(&["rollout", "undo", "sts/web"]);
+    sts_rollout_status(node, "web");
+    eventually(60, || (images(node).trim() == format!("{BUSYBOX} {BUSYBOX} {BUSYBOX}")).then_some(()));
+    let mut revisions: Vec<String> =
+        get(node, "controllerrevisions -l app=web", "{.items[*].revision}").split(' ').map(String::from).collect();
+    revisions.sort();
+    assert_eq!(revisions, ["2", "3"], "undo renumbers the first revision");
+    assert_eq!(sts_exec(node, "web-0", "cat /data/id"), "web-0\n");
+
+    // Deleting the set takes its pods; the claims are retained by default.
+    node.ok(&["delete", "sts", "web"]);
+    eventually(60, || get(node, "pods -l app=web", "{.items[*].metadata.name}").is_empty().then_some(()));
+    assert_eq!(get(node, "pvc -l app=web", "{.items[*].metadata.name}"), "data-web-0 data-web-1 data-web-2");
+    node.ok(&["delete", "pvc", "-l", "app=web", "--wait=false"]);
+}
+
+/// Parallel pod management and a retention policy deleting claims on scale down and with the set.
+fn check_parallel_stateful_set(node: &Server) {
+    let extra = r#""podManagementPolicy": "Parallel",
+      "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Delete"},"#;
+    node.ok_stdin(&["apply", "-f", "-"], &stateful_set("burst", 3, extra));
+    // Parallel: every pod is made without waiting for the others to be Ready.
+    eventually(30, || (live_pods(node, "app=burst").len() == 3).then_some(()));
+    sts_rollout_status(node, "burst");
+    let owner =
+        get(node, "pvc/data-burst-0", "{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}");
+    assert_eq!(owner, "StatefulSet/burst");
+    node.ok(&["scale", "sts/burst", "--replicas=1"]);
+    eventually(60, || (get(node, "pvc -l app=burst", "{.items[*].metadata.name}") == "data-burst-0").then_some(()));
+    node.ok(&["delete", "sts", "burst"]);
+    eventually(60, || get(node, "pvc -l app=burst", "{.items[*].metadata.name}").is_empty().then_some(()));
+}
+
+/// StatefulSets and DaemonSets on a node of their own, beside the Deployment and Job checks.
+#[test]
+fn stateful_sets_and_daemon_sets_run_like_kubernetes() {
+    let node = Node::start("10.50.0.0/16");
+    eventually(60, || node_ready(&node));
+    let images = node.dir.path().join("data/agent/images");
+    std::fs::write(images.join("busybox-2.tar"), busybox::busybox_image_named(BUSYBOX_2)).unwrap();
+    eventually(60, || get(&node, "nodes", "{.items[0].status.images[*].names}").contains(BUSYBOX_2).then_some(()));
+
+    check_stateful_set(&node);
+    check_parallel_stateful_set(&node);
+}
+
 #[test]
 fn deployments_and_jobs_run_like_kubernetes() {
     let mut node = Node::start(CIDR);

@@ -119,7 +119,7 @@ fn rs_status(rs: &ReplicaSet) -> (i32, i32, i32) {
 }
 
 /// `GetScaledValueFromIntOrPercent`.
-fn scaled(v: Option<&IntOrString>, total: i32, round_up: bool) -> i32 {
+pub(super) fn scaled(v: Option<&IntOrString>, total: i32, round_up: bool) -> i32 {
     match v {
         Some(IntOrString::Int(i)) => *i,
         Some(IntOrString::String(s)) => {
@@ -208,8 +208,7 @@ pub fn template_hash(template: &PodTemplateSpec, collisions: Option<i32>) -> Str
     if let Some(c) = collisions {
         feed(&(c as u32).to_le_bytes());
     }
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    hash.to_string().bytes().map(|b| ALPHABET[usize::from(b) % ALPHABET.len()] as char).collect()
+    super::history::safe_encode(hash)
 }
 
 fn by_creation(a: &ReplicaSet, b: &ReplicaSet) -> Ordering {

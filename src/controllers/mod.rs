@@ -14,6 +14,7 @@ mod ephemeral;
 mod event_ttl;
 mod expectations;
 mod gc;
+mod history;
 mod informer;
 mod job;
 mod namespace;
@@ -24,10 +25,11 @@ pub mod protection;
 mod replicaset;
 pub mod runtime;
 mod serviceaccount;
+mod statefulset;
 mod ttl_after_finished;
 
-use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 
@@ -79,6 +81,9 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     replicaset::spawn(client, &mut sets, &mut pods, shutdown);
     deployment::spawn(client, &mut sets, &mut pods, shutdown);
     job::spawn(client, &mut pods, shutdown);
+    let revisions = informer::Informer::new(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default());
+    let claims = informer::Informer::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default());
+    statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);
     tokio::spawn(runtime::run(
         ttl_after_finished::controller(client),
         ttl_after_finished::TtlAfterFinished { client: client.clone() },
@@ -86,4 +91,6 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     ));
     pods.spawn(shutdown.clone());
     sets.spawn(shutdown.clone());
+    revisions.spawn(shutdown.clone());
+    claims.spawn(shutdown.clone());
 }

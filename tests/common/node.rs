@@ -54,7 +54,12 @@ impl Drop for Node {
     fn drop(&mut self) {
         let Some(server) = self.server.take() else { return };
         // Workloads, then pods, or their controllers and the agent would make new ones.
-        let _ = server.kubectl(&["delete", "deployments,replicasets,jobs", "--all", "--wait=false"]);
+        let _ = server.kubectl(&[
+            "delete",
+            "deployments,replicasets,statefulsets,daemonsets,jobs",
+            "--all",
+            "--wait=false",
+        ]);
         let _ = server.kubectl(&["delete", "pods", "--all", "--force", "--grace-period", "0", "--wait=false"]);
         let socket = server.dir.path().join("data/agent/containerd/containerd.sock");
         if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {

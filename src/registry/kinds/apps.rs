@@ -8,6 +8,7 @@ use k8s_openapi::api::apps::v1::{
     RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
     StatefulSetUpdateStrategy,
 };
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, PodTemplateSpec, Volume};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
@@ -408,7 +409,7 @@ impl Kind for StatefulSets {
         }
         validate_selector(Some(&spec.selector), "statefulset", &mut out);
         validate_template_for_controller(
-            &spec.template,
+            &with_claim_volumes(&spec),
             Some(&spec.selector),
             "StatefulSet",
             "spec.template",
@@ -460,6 +461,28 @@ impl Kind for StatefulSets {
 }
 
 /// `SetDefaults_StatefulSet`.
+/// The template as its pods will be, with a volume per claim template: upstream leaves the pod
+/// spec of a StatefulSet unchecked because mounts of claim templates would fail; checked with
+/// them, a bad template is refused here instead of at every pod creation.
+fn with_claim_volumes(spec: &StatefulSetSpec) -> PodTemplateSpec {
+    let mut template = spec.template.clone();
+    let claims: Vec<String> =
+        spec.volume_claim_templates.iter().flatten().filter_map(|c| c.metadata.name.clone()).collect();
+    if let Some(pod) = template.spec.as_mut() {
+        let volumes = pod.volumes.get_or_insert_with(Vec::new);
+        volumes.retain(|v| !claims.contains(&v.name));
+        volumes.extend(claims.iter().map(|name| Volume {
+            name: name.clone(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: name.clone(),
+                read_only: None,
+            }),
+            ..Volume::default()
+        }));
+    }
+    template
+}
+
 fn default_stateful_set(spec: &mut StatefulSetSpec) {
     spec.replicas.get_or_insert(1);
     spec.pod_management_policy.get_or_insert_with(|| "OrderedReady".into());
