@@ -13,6 +13,7 @@ mod net;
 mod registry;
 mod runtime;
 mod scheduler;
+mod scheduling;
 mod server;
 mod store;
 mod streaming;

@@ -608,6 +608,94 @@ fn check_parallel_stateful_set(node: &Server) {
     eventually(60, || get(node, "pvc -l app=burst", "{.items[*].metadata.name}").is_empty().then_some(()));
 }
 
+fn daemon_set(name: &str, extra: &str) -> String {
+    format!(
+        r#"{{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {{"name": "{name}"}},
+  "spec": {{"selector": {{"matchLabels": {{"app": "{name}"}}}},
+    "template": {{"metadata": {{"labels": {{"app": "{name}"}}}}, "spec": {{{extra} "terminationGracePeriodSeconds": 5,
+      "containers": [{{"name": "main", "image": "{BUSYBOX}", "command": ["/bin/sh", "-c", "{STOPS_ON_TERM}"]}}]}}}}}}}}"#
+    )
+}
+
+fn ds_rollout_status(node: &Server, name: &str) -> String {
+    let out = node.kubectl(&["rollout", "status", &format!("daemonset/{name}"), "--timeout=90s"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "rollout of {name} did not finish: {text}{}\n{}\n--- server log ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.ok(&["get", "ds,pods", "-o", "wide"]),
+        node.log()
+    );
+    text
+}
+
+/// DaemonSets: a pod on the node with the daemon tolerations, kept off a tainted node unless
+/// tolerated, a pod for a node that joins and none once it leaves, a rolling update and undo.
+fn check_daemon_sets(node: &Server) {
+    let name = get(node, "nodes", "{.items[0].metadata.name}");
+    node.ok_stdin(&["apply", "-f", "-"], &daemon_set("agent", ""));
+    let status = ds_rollout_status(node, "agent");
+    assert!(status.contains("daemon set \"agent\" successfully rolled out"), "{status}");
+    let table = node.ok(&["get", "ds", "agent"]);
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE", "NODE", "SELECTOR", "AGE"]);
+    assert!(
+        table.lines().nth(1).is_some_and(|l| l.split_whitespace().take(6).eq(["agent", "1", "1", "1", "1", "1"])),
+        "{table}"
+    );
+    assert_eq!(get(node, "pods -l app=agent", "{.items[*].spec.nodeName}"), name);
+    let tolerations = get(node, "pods -l app=agent", "{.items[0].spec.tolerations[*].key}");
+    assert!(
+        tolerations.contains("node.kubernetes.io/not-ready")
+            && tolerations.contains("node.kubernetes.io/unschedulable"),
+        "{tolerations}"
+    );
+
+    // A NoSchedule taint keeps new daemon pods off the node unless they tolerate it; running ones stay.
+    node.ok(&["taint", "node", &name, "dedicated=edge:NoSchedule"]);
+    node.ok_stdin(&["apply", "-f", "-"], &daemon_set("picky", ""));
+    let tolerant = r#""tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],"#;
+    node.ok_stdin(&["apply", "-f", "-"], &daemon_set("tolerant", tolerant));
+    ds_rollout_status(node, "tolerant");
+    assert_eq!(live_pods(node, "app=tolerant").len(), 1);
+    eventually(30, || (get(node, "ds/picky", "{.status.observedGeneration}") == "1").then_some(()));
+    assert_eq!(get(node, "ds/picky", "{.status.desiredNumberScheduled}"), "0");
+    assert!(live_pods(node, "app=picky").is_empty());
+    assert_eq!(live_pods(node, "app=agent").len(), 1, "a NoSchedule taint lets a running daemon pod stay");
+    node.ok(&["taint", "node", &name, "dedicated-"]);
+    ds_rollout_status(node, "picky");
+    assert_eq!(live_pods(node, "app=picky").len(), 1, "the taint gone, the pod comes");
+    node.ok(&["delete", "ds", "picky", "tolerant"]);
+
+    // A node that joins gets a pod meant for it; once it leaves the pod goes.
+    node.ok_stdin(&["apply", "-f", "-"], r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "joiner"}}"#);
+    eventually(30, || (get(node, "ds/agent", "{.status.desiredNumberScheduled}") == "2").then_some(()));
+    let affinity = r#"{range .items[*]}{.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchFields[0].values[0]} {end}"#;
+    eventually(30, || get(node, "pods -l app=agent", affinity).contains("joiner").then_some(()));
+    node.ok(&["delete", "node", "joiner"]);
+    eventually(30, || (get(node, "ds/agent", "{.status.desiredNumberScheduled}") == "1").then_some(()));
+    eventually(30, || (get(node, "pods -l app=agent", affinity).trim() == name).then_some(()));
+
+    // A rolling update replaces the pod; undo goes back through the ControllerRevisions.
+    node.ok(&["set", "image", "ds/agent", &format!("main={BUSYBOX_2}")]);
+    ds_rollout_status(node, "agent");
+    let image = |node: &Server| {
+        get(
+            node,
+            "pods -l app=agent",
+            r#"{range .items[*]}{.metadata.deletionTimestamp}|{.spec.containers[0].image} {end}"#,
+        )
+    };
+    eventually(60, || (image(node).trim() == format!("|{BUSYBOX_2}")).then_some(()));
+    assert_eq!(get(node, "controllerrevisions -l app=agent", "{.items[*].revision}").split(' ').count(), 2);
+    node.ok(&["rollout", "undo", "ds/agent"]);
+    ds_rollout_status(node, "agent");
+    eventually(60, || (image(node).trim() == format!("|{BUSYBOX}")).then_some(()));
+    node.ok(&["delete", "ds", "agent"]);
+    eventually(60, || live_pods(node, "app=agent").is_empty().then_some(()));
+}
+
 /// StatefulSets and DaemonSets on a node of their own, beside the Deployment and Job checks.
 #[test]
 fn stateful_sets_and_daemon_sets_run_like_kubernetes() {
@@ -617,6 +705,7 @@ fn stateful_sets_and_daemon_sets_run_like_kubernetes() {
     std::fs::write(images.join("busybox-2.tar"), busybox::busybox_image_named(BUSYBOX_2)).unwrap();
     eventually(60, || get(&node, "nodes", "{.items[0].status.images[*].names}").contains(BUSYBOX_2).then_some(()));
 
+    check_daemon_sets(&node);
     check_stateful_set(&node);
     check_parallel_stateful_set(&node);
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -26,6 +27,21 @@ const MAX_COLLISIONS: i32 = 10;
 pub fn safe_encode(n: u32) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     n.to_string().bytes().map(|b| ALPHABET[usize::from(b) % ALPHABET.len()] as char).collect()
+}
+
+/// What the revisions of StatefulSets and DaemonSets record (their `getPatch`): a strategic merge
+/// patch that puts the pod template back (`kubectl rollout undo` applies it as it is).
+pub fn template_patch(template: &PodTemplateSpec) -> Value {
+    let mut template = serde_json::to_value(template).unwrap_or_else(|_| json!({}));
+    template["$patch"] = json!("replace");
+    json!({"spec": {"template": template}})
+}
+
+/// The pod template a ControllerRevision holds (`ApplyRevision`).
+pub fn template_of(revision: &ControllerRevision) -> Option<PodTemplateSpec> {
+    let mut template = revision.data.0.pointer("/spec/template")?.clone();
+    template.as_object_mut()?.remove("$patch");
+    serde_json::from_value(template).ok()
 }
 
 /// `HashControllerRevision`: FNV-1 (32 bit) of the data, then of the collision count in decimal.
@@ -50,21 +66,18 @@ pub fn name(prefix: &str, hash: &str) -> String {
     format!("{cut}-{hash}")
 }
 
-/// `NewControllerRevision`: a revision of `owner` holding `data`, labelled with `labels` and its
-/// hash, controlled by `owner`.
+/// `NewControllerRevision`: revision `revision` of `owner`, holding `data`, named after `hash`,
+/// labelled with `labels`, controlled by `owner`.
 pub fn new<O: Resource<DynamicType = ()>>(
     owner: &O,
     labels: BTreeMap<String, String>,
+    hash: &str,
     data: Value,
     revision: i64,
-    collisions: i32,
 ) -> ControllerRevision {
-    let hash = hash(&data, collisions);
-    let mut labels = labels;
-    labels.insert(HASH_LABEL.into(), hash.clone());
     ControllerRevision {
         metadata: ObjectMeta {
-            name: Some(name(&owner.name_any(), &hash)),
+            name: Some(name(&owner.name_any(), hash)),
             namespace: owner.namespace(),
             labels: Some(labels),
             owner_references: Some(vec![controller_ref(owner)]),
@@ -93,19 +106,16 @@ pub fn next(revisions: &[ControllerRevision]) -> i64 {
     revisions.last().map_or(1, |r| r.revision.unwrap_or(0) + 1)
 }
 
-/// `CreateControllerRevision`: creates `revision`; when its name is taken by different data the
-/// collision count goes up and the name is tried again. An identical revision already there
-/// (a cache that had not shown it yet) is returned as it is.
-pub async fn create<O: Resource<DynamicType = ()>>(
+/// `CreateControllerRevision`: creates `make(collisions)`; when its name is taken by different
+/// data the collision count goes up and `make` is asked again. An identical revision already
+/// there (a cache that had not shown it yet) is returned as it is.
+pub async fn create(
     api: &Api<ControllerRevision>,
-    owner: &O,
-    labels: &BTreeMap<String, String>,
-    data: &Value,
-    revision: i64,
     collisions: &mut i32,
+    make: impl Fn(i32) -> ControllerRevision,
 ) -> Result<ControllerRevision, Error> {
     loop {
-        let candidate = new(owner, labels.clone(), data.clone(), revision, *collisions);
+        let candidate = make(*collisions);
         match api.create(&PostParams::default(), &candidate).await {
             Ok(created) => return Ok(created),
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -116,9 +126,9 @@ pub async fn create<O: Resource<DynamicType = ()>>(
                 *collisions += 1;
                 if *collisions > MAX_COLLISIONS {
                     return Err(Error::Failed(format!(
-                        "{} collisions creating a ControllerRevision for {}",
+                        "{} name collisions creating ControllerRevision {}",
                         *collisions,
-                        owner.name_any()
+                        candidate.name_any()
                     )));
                 }
             }

@@ -9,6 +9,7 @@
 //! graph over every kind instead (upstream's is too), fed by kube-runtime watchers of metadata.
 
 mod attachdetach;
+mod daemonset;
 mod deployment;
 mod ephemeral;
 mod event_ttl;
@@ -29,7 +30,7 @@ mod statefulset;
 mod ttl_after_finished;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 
@@ -84,6 +85,8 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     let revisions = informer::Informer::new(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default());
     let claims = informer::Informer::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default());
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);
+    let mut nodes = informer::Informer::new(Api::<Node>::all(client.clone()), watcher::Config::default());
+    daemonset::spawn(client, &mut pods, &mut nodes, &revisions, shutdown);
     tokio::spawn(runtime::run(
         ttl_after_finished::controller(client),
         ttl_after_finished::TtlAfterFinished { client: client.clone() },
@@ -93,4 +96,5 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     sets.spawn(shutdown.clone());
     revisions.spawn(shutdown.clone());
     claims.spawn(shutdown.clone());
+    nodes.spawn(shutdown.clone());
 }

@@ -140,21 +140,6 @@ fn deletes_claims(spec: &StatefulSetSpec) -> (bool, bool) {
     (policy.when_deleted.as_deref() == Some("Delete"), policy.when_scaled.as_deref() == Some("Delete"))
 }
 
-/// What a ControllerRevision of the set records (`getPatch`): a strategic merge patch that puts
-/// its pod template back.
-fn revision_data(template: &PodTemplateSpec) -> Value {
-    let mut template = serde_json::to_value(template).unwrap_or_else(|_| json!({}));
-    template["$patch"] = json!("replace");
-    json!({"spec": {"template": template}})
-}
-
-/// The pod template a ControllerRevision holds (`ApplyRevision`).
-fn revision_template(revision: &ControllerRevision) -> Option<PodTemplateSpec> {
-    let mut template = revision.data.0.pointer("/spec/template")?.clone();
-    template.as_object_mut()?.remove("$patch");
-    serde_json::from_value(template).ok()
-}
-
 /// The claims of ordinal `ord` (`getPersistentVolumeClaims`): one per template, labelled with the
 /// set's selector.
 fn claims_for(set: &StatefulSet, ord: usize) -> Vec<PersistentVolumeClaim> {
@@ -373,7 +358,7 @@ impl StatefulSets {
         collisions: &mut i32,
     ) -> Result<(ControllerRevision, ControllerRevision), Error> {
         let template = set.spec.template.clone();
-        let data = revision_data(&template);
+        let data = history::template_patch(&template);
         let labels = template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
         let next = history::next(revisions);
         let equal = revisions.iter().rfind(|r| r.data.0 == data);
@@ -381,7 +366,15 @@ impl StatefulSets {
             (Some(e), Some(last)) if history::equal(e, last) => last.clone(),
             // The template went back to an earlier revision: that one becomes the newest.
             (Some(e), _) => history::renumber(api, e, next).await?,
-            (None, _) => history::create(api, set, &labels, &data, next, collisions).await?,
+            (None, _) => {
+                history::create(api, collisions, |c| {
+                    let hash = history::hash(&data, c);
+                    let mut labels = labels.clone();
+                    labels.insert(history::HASH_LABEL.into(), hash.clone());
+                    history::new(set, labels, &hash, data.clone(), next)
+                })
+                .await?
+            }
         };
         let wanted = set.status.as_ref().and_then(|s| s.current_revision.as_deref());
         let current = revisions.iter().find(|r| r.metadata.name.as_deref() == wanted).cloned();
@@ -416,7 +409,7 @@ impl StatefulSets {
             start,
             replicas,
             condemned,
-            current: (revision_template(current).unwrap_or_else(|| spec.template.clone()), current.name_any()),
+            current: (history::template_of(current).unwrap_or_else(|| spec.template.clone()), current.name_any()),
             update: (spec.template.clone(), update.name_any()),
             min_ready: spec.min_ready_seconds.unwrap_or(0),
             monotonic: spec.pod_management_policy.as_deref() != Some("Parallel"),
@@ -790,12 +783,11 @@ mod tests {
     fn revisions_record_the_template_and_give_it_back() {
         let s = set(json!({}));
         let template = s.spec.template.clone();
-        let data = revision_data(&template);
+        let data = history::template_patch(&template);
         assert_eq!(data["spec"]["template"]["$patch"], "replace");
-        let rev = history::new(&s, BTreeMap::new(), data, 1, 0);
-        assert_eq!(revision_template(&rev), Some(template));
+        let rev = history::new(&s, BTreeMap::new(), &history::hash(&data, 0), data, 1);
+        assert_eq!(history::template_of(&rev), Some(template));
         assert!(rev.name_any().starts_with("web-"));
-        assert!(rev.labels().contains_key(history::HASH_LABEL));
     }
 
     #[test]

@@ -5,8 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, Taint, Toleration,
-    TopologySpreadConstraint,
+    Affinity, Container, Node, NodeSelectorTerm, Pod, PodSpec, Taint, Toleration, TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -490,52 +489,12 @@ impl NodeInfo {
 
 pub use crate::labels::selector_matches as label_selector_matches;
 
-/// Whether a node selector requirement (node affinity) holds for `value` of its key.
-fn node_requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) -> bool {
-    let values = req.values.as_deref().unwrap_or_default();
-    let number = |s: &str| s.parse::<i64>().ok();
-    match req.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), [bound]) = (value.and_then(|v| number(v)), values) else { return false };
-            let Some(bound) = number(bound) else { return false };
-            if req.operator == "Gt" { v > bound } else { v < bound }
-        }
-        _ => false,
-    }
-}
-
-/// Whether a node selector term matches a node: every label expression holds for its labels and
-/// every field expression (`metadata.name` only) for its name. A term with no requirements matches
-/// nothing, as upstream.
+/// [`crate::scheduling::node_term_matches`] for a node's facts.
 pub fn node_term_matches(term: &NodeSelectorTerm, node: &NodeFacts) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    if exprs.is_empty() && fields.is_empty() {
-        return false;
-    }
-    exprs.iter().all(|r| node_requirement_matches(r, node.labels.get(&r.key)))
-        && fields.iter().all(|r| r.key == "metadata.name" && node_requirement_matches(r, Some(&node.name)))
+    crate::scheduling::node_term_matches(term, &node.labels, &node.name)
 }
 
-/// Whether `tolerations` tolerate `taint`.
-pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
-    tolerations.iter().any(|t| toleration_matches(t, taint))
-}
-
-/// upstream's `Toleration.ToleratesTaint`: an empty key or effect matches any.
-pub fn toleration_matches(t: &Toleration, taint: &Taint) -> bool {
-    t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect)
-        && t.key.as_deref().is_none_or(|k| k.is_empty() || k == taint.key)
-        && match t.operator.as_deref().unwrap_or_default() {
-            "Exists" => true,
-            "Equal" | "" => t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
-            _ => false,
-        }
-}
+pub use crate::scheduling::{tolerates, toleration_matches};
 
 #[cfg(test)]
 mod tests {
@@ -579,47 +538,5 @@ mod tests {
         assert_eq!(normalize_image("localhost:5000/busybox"), "localhost:5000/busybox:latest");
         assert_eq!(normalize_image("busybox:1.36"), "busybox:1.36");
         assert_eq!(normalize_image("busybox@sha256:abc"), "busybox@sha256:abc");
-    }
-
-    #[test]
-    fn toleration_matching() {
-        let taint: Taint = serde_json::from_value(json!({"key": "k", "value": "v", "effect": "NoSchedule"})).unwrap();
-        let t = |v: serde_json::Value| -> Vec<Toleration> { vec![serde_json::from_value(v).unwrap()] };
-        assert!(tolerates(&t(json!({"key": "k", "value": "v"})), &taint));
-        assert!(tolerates(&t(json!({"key": "k", "operator": "Exists", "effect": "NoSchedule"})), &taint));
-        assert!(tolerates(&t(json!({"operator": "Exists"})), &taint));
-        assert!(!tolerates(&t(json!({"key": "k", "value": "w"})), &taint));
-        assert!(!tolerates(&t(json!({"key": "k", "value": "v", "effect": "NoExecute"})), &taint));
-    }
-
-    #[test]
-    fn node_terms_and_operators() {
-        let node = NodeFacts {
-            name: "n1".into(),
-            labels: [("zone".to_string(), "a".to_string()), ("cores".to_string(), "8".to_string())].into(),
-            ..Default::default()
-        };
-        let term = |v: serde_json::Value| -> NodeSelectorTerm { serde_json::from_value(v).unwrap() };
-        assert!(node_term_matches(
-            &term(json!({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]})),
-            &node
-        ));
-        assert!(node_term_matches(
-            &term(json!({"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["4"]}]})),
-            &node
-        ));
-        assert!(!node_term_matches(
-            &term(json!({"matchExpressions": [{"key": "cores", "operator": "Lt", "values": ["4"]}]})),
-            &node
-        ));
-        assert!(node_term_matches(
-            &term(json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]})),
-            &node
-        ));
-        assert!(node_term_matches(
-            &term(json!({"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]})),
-            &node
-        ));
-        assert!(!node_term_matches(&term(json!({})), &node));
     }
 }

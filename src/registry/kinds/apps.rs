@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, PodTemplateSpec, Volume};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt as _;
 use serde_json::{Value, json};
 
 use super::workload_rules::{
@@ -20,6 +21,9 @@ use crate::registry::Subresource;
 use crate::registry::patch::{MergeKey, merge, merge_retain, primitive};
 use crate::registry::strategy::{AGE_COLUMN, Column, Kind, NAME_COLUMN, ResourceInfo, age_cell, name_cell};
 use crate::registry::validation::{ErrorList, FieldError};
+
+/// `deprecated.daemonset.template.generation`: counts a DaemonSet's template changes.
+pub const TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";
 
 pub struct Deployments;
 pub struct ReplicaSets;
@@ -515,11 +519,17 @@ impl Kind for DaemonSets {
     fn prepare_create(&self, ds: &mut DaemonSet) {
         ds.status = None;
         default_daemon_set(&mut ds.spec);
+        ds.annotations_mut().insert(TEMPLATE_GENERATION.into(), "1".into());
     }
 
+    /// A changed template is a new template generation (`spec.templateGeneration` inside
+    /// upstream, this annotation outside).
     fn prepare_update(&self, new: &mut DaemonSet, old: &DaemonSet) {
         new.status = old.status.clone();
         default_daemon_set(&mut new.spec);
+        let generation = old.annotations().get(TEMPLATE_GENERATION).and_then(|g| g.parse::<i64>().ok()).unwrap_or(1);
+        let generation = if new.spec.template != old.spec.template { generation + 1 } else { generation };
+        new.annotations_mut().insert(TEMPLATE_GENERATION.into(), generation.to_string());
     }
 
     fn prepare_status_update(&self, new: &mut DaemonSet, old: &DaemonSet) {
