@@ -5,6 +5,7 @@ mod api;
 mod cgroups;
 mod client;
 mod controllers;
+mod cron;
 mod csi;
 mod devices;
 mod events;

@@ -1,10 +1,13 @@
-//! End to end: Deployments, ReplicaSets and Jobs against the real cairn, its embedded containerd and
-//! kubectl. One node serves every check (each works on its own objects): create, scale through
-//! the scale subresource, set image, rollout status, history and undo, pause and resume, a
+//! End to end: Deployments, ReplicaSets, StatefulSets, DaemonSets, Jobs and CronJobs against the
+//! real cairn, its embedded containerd and kubectl. Three nodes run side by side, each serving
+//! several checks that work on their own objects. Deployments and Jobs: create, scale through the
+//! scale subresource, set image, rollout status, history and undo, pause and resume, a
 //! maxUnavailable 0 rollout sampled for ready pods, Recreate, refused pods, invalid specs; an
 //! Indexed Job, a Job failing into its backoffLimit, ttlSecondsAfterFinished; and a rollout and a
 //! Job that survive cairn being killed with SIGKILL half way (never more than maxSurge, no
-//! completion lost or counted twice).
+//! completion lost or counted twice). StatefulSets (ordered start, stable claims, partitioned
+//! updates, retention) and DaemonSets (taints, joining nodes, rolling update). A CronJob every
+//! minute under Forbid.
 //!
 //! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
 
@@ -728,4 +731,53 @@ fn deployments_and_jobs_run_like_kubernetes() {
     check_ttl(&node);
     check_kill9_mid_rollout(&mut node);
     check_kill9_mid_job(&mut node);
+}
+
+/// A CronJob every minute: its Job within 70 s, the next start skipped while it runs under
+/// Forbid, `kubectl create job --from`, and schedules refused as upstream refuses them.
+#[test]
+fn cron_jobs_run_on_schedule() {
+    let node = Node::start("10.51.0.0/16");
+    eventually(60, || node_ready(&node));
+    let bad = node.fails(&["create", "cronjob", "bad", &format!("--image={BUSYBOX}"), "--schedule=61 * * * *"]);
+    assert!(bad.contains(r#"spec.schedule: Invalid value: "61 * * * *""#), "{bad}");
+    let zoned = r#"{"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "zoned"},
+      "spec": {"schedule": "0 * * * *", "timeZone": "Mars/Olympus", "jobTemplate": {"spec": {"template": {"spec":
+        {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}}}}"#;
+    let out = node.kubectl_stdin(&["apply", "-f", "-"], zoned);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains(r#"spec.timeZone: Invalid value: "Mars/Olympus": unknown time zone Mars/Olympus"#), "{text}");
+
+    let tick = format!(
+        r#"{{"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {{"name": "tick"}},
+      "spec": {{"schedule": "*/1 * * * *", "concurrencyPolicy": "Forbid", "jobTemplate": {{"spec": {{"template": {{"spec":
+        {{"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+          "containers": [{{"name": "main", "image": "{BUSYBOX}", "command": ["/bin/sh", "-c", "{STOPS_ON_TERM}"]}}]}}}}}}}}}}}}"#
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &tick);
+    let table = node.ok(&["get", "cj", "tick"]);
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST", "SCHEDULE", "AGE"]);
+    let owned = |node: &Server| {
+        let path = r#"{range .items[*]}{.metadata.ownerReferences[0].name}/{.metadata.name} {end}"#;
+        get(node, "jobs", path).split_whitespace().filter(|j| j.starts_with("tick/")).count()
+    };
+    eventually(70, || (owned(&node) == 1).then_some(()));
+    eventually(30, || (get(&node, "cj/tick", "{.status.active[*].name}").starts_with("tick-")).then_some(()));
+    assert!(!get(&node, "cj/tick", "{.status.lastScheduleTime}").is_empty());
+    eventually(60, || (job_pods(&node, &get(&node, "cj/tick", "{.status.active[0].name}")).0 == 1).then_some(()));
+
+    // The next minute comes while the first Job still runs: Forbid starts no second one.
+    eventually(75, || {
+        node.ok(&["get", "events", "--field-selector", "involvedObject.name=tick"])
+            .contains("JobAlreadyActive")
+            .then_some(())
+    });
+    assert_eq!(owned(&node), 1, "a second Job started under Forbid");
+
+    let out = node.ok(&["create", "job", "manual", "--from=cronjob/tick"]);
+    assert_eq!(out.trim(), "job.batch/manual created");
+    assert_eq!(get(&node, "job/manual", "{.metadata.annotations.cronjob\\.kubernetes\\.io/instantiate}"), "manual");
+    node.ok(&["delete", "cronjob", "tick"]);
+    eventually(60, || (owned(&node) == 0).then_some(()));
 }

@@ -9,6 +9,7 @@
 //! graph over every kind instead (upstream's is too), fed by kube-runtime watchers of metadata.
 
 mod attachdetach;
+mod cronjob;
 mod daemonset;
 mod deployment;
 mod ephemeral;
@@ -82,6 +83,7 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     replicaset::spawn(client, &mut sets, &mut pods, shutdown);
     deployment::spawn(client, &mut sets, &mut pods, shutdown);
     job::spawn(client, &mut pods, shutdown);
+    cronjob::spawn(client, shutdown);
     let revisions = informer::Informer::new(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default());
     let claims = informer::Informer::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default());
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);

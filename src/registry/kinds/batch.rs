@@ -1,10 +1,10 @@
-//! `batch/v1` Jobs with upstream's defaults (`SetDefaults_Job`), generated selector
-//! (`batch.kubernetes.io/controller-uid`), validation (`pkg/apis/batch/validation`) and the
-//! `kubectl get jobs` columns.
+//! `batch/v1` Jobs and CronJobs with upstream's defaults (`SetDefaults_Job`,
+//! `SetDefaults_CronJob`), a Job's generated selector (`batch.kubernetes.io/controller-uid`),
+//! validation (`pkg/apis/batch/validation`) and the `kubectl get` columns.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 
@@ -15,11 +15,12 @@ use crate::labels::{format_selector, selector_matches};
 use crate::registry::Subresource;
 use crate::registry::patch::{MergeKey, merge, merge_retain, primitive};
 use crate::registry::strategy::{
-    AGE_COLUMN, Column, Kind, NAME_COLUMN, ResourceInfo, age_cell, human_duration, name_cell,
+    AGE_COLUMN, Column, Kind, NAME_COLUMN, ResourceInfo, age_cell, human_duration, name_cell, since_cell,
 };
 use crate::registry::validation::{ErrorList, FieldError};
 
 pub struct Jobs;
+pub struct CronJobs;
 
 /// Labels the server puts on a Job's pod template (and the first in its selector).
 pub const CONTROLLER_UID: &str = "batch.kubernetes.io/controller-uid";
@@ -204,6 +205,157 @@ impl Kind for Jobs {
     }
 }
 
+const CRON_JOB_MERGE_KEYS: &[MergeKey] =
+    &pod_spec_merge_keys!("spec.jobTemplate.spec.template.spec.", merge("status.active", "uid"));
+/// A CronJob's name is at most 52 characters: its Jobs add 11 (`-<minutes since 1970>`).
+const MAX_CRON_JOB_NAME: usize = 52;
+
+impl Kind for CronJobs {
+    type Obj = CronJob;
+    const INFO: ResourceInfo = ResourceInfo {
+        group: "batch",
+        version: "v1",
+        kind: "CronJob",
+        plural: "cronjobs",
+        singular: "cronjob",
+        namespaced: true,
+        short_names: &["cj"],
+        categories: &["all"],
+        subresources: &[Subresource::Status],
+        storage: "cronjobs.batch",
+        return_deleted_object: false,
+    };
+    const GENERATION: bool = true;
+    const MERGE_KEYS: &'static [MergeKey] = CRON_JOB_MERGE_KEYS;
+
+    fn prepare_create(&self, cj: &mut CronJob) {
+        cj.status = None;
+        default_cron_job(&mut cj.spec);
+    }
+
+    fn prepare_update(&self, new: &mut CronJob, old: &CronJob) {
+        new.status = old.status.clone();
+        default_cron_job(&mut new.spec);
+    }
+
+    fn prepare_status_update(&self, new: &mut CronJob, old: &CronJob) {
+        new.spec = old.spec.clone();
+    }
+
+    /// `ValidateCronJobCreate`.
+    fn validate(&self, cj: &CronJob) -> ErrorList {
+        let mut out = Vec::new();
+        let name = cj.metadata.name.as_deref().unwrap_or_default();
+        if name.len() > MAX_CRON_JOB_NAME {
+            out.push(FieldError::invalid(
+                "metadata.name",
+                name,
+                format!("must be no more than {MAX_CRON_JOB_NAME} characters"),
+            ));
+        }
+        let spec = cj.spec.clone();
+        let zone = spec.time_zone.as_deref();
+        if let Some(z) = zone
+            && let Err(e) = crate::cron::zone(z)
+        {
+            out.push(FieldError::invalid("spec.timeZone", z, e));
+        }
+        if spec.schedule.is_empty() {
+            out.push(FieldError::required("spec.schedule", ""));
+        } else if zone.is_some() && crate::cron::split_zone(&spec.schedule).0.is_some() {
+            out.push(FieldError::invalid(
+                "spec.schedule",
+                &spec.schedule,
+                "cannot use both timeZone field and TZ or CRON_TZ in schedule",
+            ));
+        } else if let Err(e) =
+            crate::cron::Schedule::parse(&spec.schedule, zone.filter(|z| crate::cron::zone(z).is_ok()))
+        {
+            out.push(FieldError::invalid("spec.schedule", &spec.schedule, e));
+        }
+        match spec.concurrency_policy.as_deref().unwrap_or_default() {
+            "Allow" | "Forbid" | "Replace" => {}
+            other => {
+                out.push(FieldError::not_supported("spec.concurrencyPolicy", other, &["Allow", "Forbid", "Replace"]))
+            }
+        }
+        non_negative(spec.starting_deadline_seconds, "spec.startingDeadlineSeconds", &mut out);
+        non_negative(spec.successful_jobs_history_limit.map(i64::from), "spec.successfulJobsHistoryLimit", &mut out);
+        non_negative(spec.failed_jobs_history_limit.map(i64::from), "spec.failedJobsHistoryLimit", &mut out);
+        // `ValidateJobTemplateSpec`: the Jobs get generated selectors.
+        let job = spec.job_template.spec.clone().unwrap_or_default();
+        validate_spec_at(&job, "spec.jobTemplate.spec", &mut out);
+        if job.selector.is_some() {
+            out.push(FieldError::invalid(
+                "spec.jobTemplate.spec.selector",
+                "{...}",
+                "`selector` will be auto-generated",
+            ));
+        }
+        if job.manual_selector == Some(true) {
+            out.push(FieldError::not_supported("spec.jobTemplate.spec.manualSelector", "true", &["nil", "false"]));
+        }
+        out
+    }
+
+    fn validate_update(&self, new: &CronJob, _old: &CronJob) -> ErrorList {
+        self.validate(new).into_iter().filter(|e| e.field != "metadata.name").collect()
+    }
+
+    fn columns(&self) -> Vec<Column> {
+        let mut cols = vec![
+            NAME_COLUMN,
+            Column::new("Schedule", "string", "The schedule in Cron format, see https://en.wikipedia.org/wiki/Cron."),
+            Column::new(
+                "Timezone",
+                "string",
+                "The time zone name for the given schedule, see https://en.wikipedia.org/wiki/List_of_tz_database_time_zones.",
+            ),
+            Column::new("Suspend", "boolean", "This flag tells the controller to suspend subsequent executions."),
+            Column::new("Active", "integer", "A list of pointers to currently running jobs."),
+            Column::new(
+                "Last Schedule",
+                "string",
+                "Information when was the last time the job was successfully scheduled.",
+            ),
+            AGE_COLUMN,
+        ];
+        cols.extend(wide_columns(true));
+        cols
+    }
+
+    fn cells(&self, cj: &CronJob) -> Vec<Value> {
+        let spec = cj.spec.clone();
+        let status = cj.status.clone().unwrap_or_default();
+        let mut cells = vec![
+            name_cell(&cj.metadata),
+            json!(spec.schedule),
+            json!(spec.time_zone.unwrap_or_else(|| "<none>".into())),
+            json!(spec.suspend.unwrap_or(false)),
+            json!(status.active.map_or(0, |a| a.len())),
+            match &status.last_schedule_time {
+                Some(t) => since_cell(Some(t)),
+                None => json!("<none>"),
+            },
+            age_cell(&cj.metadata),
+        ];
+        let job = spec.job_template.spec.unwrap_or_default();
+        cells.extend(wide_cells(Some(&job.template), Some(job.selector.as_ref())));
+        cells
+    }
+}
+
+/// `SetDefaults_CronJob`; the job template's pod template gets the pod defaults.
+fn default_cron_job(spec: &mut CronJobSpec) {
+    spec.concurrency_policy.get_or_insert_with(|| "Allow".into());
+    spec.suspend.get_or_insert(false);
+    spec.successful_jobs_history_limit.get_or_insert(3);
+    spec.failed_jobs_history_limit.get_or_insert(1);
+    if let Some(job) = spec.job_template.spec.as_mut() {
+        default_template(&mut job.template);
+    }
+}
+
 /// `SetDefaults_Job`.
 fn default_job(spec: &mut JobSpec) {
     if spec.completions.is_none() && spec.parallelism.is_none() {
@@ -244,43 +396,9 @@ fn generate_selector(job: &mut Job) {
     selector.match_labels.get_or_insert_with(BTreeMap::new).entry(CONTROLLER_UID.to_string()).or_insert(uid);
 }
 
-/// `ValidateJobSpec`.
+/// `ValidateJobSpec`, with the selector a Job must have.
 fn validate_spec(spec: &JobSpec, out: &mut ErrorList) {
-    non_negative(spec.parallelism.map(i64::from), "spec.parallelism", out);
-    non_negative(spec.completions.map(i64::from), "spec.completions", out);
-    non_negative(spec.active_deadline_seconds, "spec.activeDeadlineSeconds", out);
-    non_negative(spec.backoff_limit.map(i64::from), "spec.backoffLimit", out);
-    non_negative(spec.ttl_seconds_after_finished.map(i64::from), "spec.ttlSecondsAfterFinished", out);
-    let indexed = match spec.completion_mode.as_deref().unwrap_or("NonIndexed") {
-        "NonIndexed" => false,
-        "Indexed" => true,
-        other => {
-            out.push(FieldError::not_supported("spec.completionMode", other, &["NonIndexed", "Indexed"]));
-            false
-        }
-    };
-    if indexed {
-        match spec.completions {
-            None => out.push(FieldError::required("spec.completions", "when completion mode is Indexed")),
-            Some(c) if c > MAX_INDEXED => out.push(FieldError::invalid_raw(
-                "spec.completions",
-                c,
-                format!("must be less than or equal to {MAX_INDEXED} when completion mode is Indexed"),
-            )),
-            Some(_) => {}
-        }
-        if let Some(p) = spec.parallelism
-            && p > MAX_INDEXED
-        {
-            out.push(FieldError::invalid_raw(
-                "spec.parallelism",
-                p,
-                format!("must be less than or equal to {MAX_INDEXED} when completion mode is Indexed"),
-            ));
-        }
-    } else if let Some(b) = spec.backoff_limit_per_index {
-        out.push(FieldError::invalid_raw("spec.backoffLimitPerIndex", b, "requires indexed completion mode"));
-    }
+    validate_spec_at(spec, "spec", out);
     match &spec.selector {
         None => out.push(FieldError::required("spec.selector", "")),
         Some(s) => {
@@ -295,10 +413,50 @@ fn validate_spec(spec: &JobSpec, out: &mut ErrorList) {
             }
         }
     }
-    validate_template(&spec.template, "spec.template", out);
+}
+
+/// `validateJobSpec` of the spec at `path` (a Job's, or a CronJob's job template's).
+fn validate_spec_at(spec: &JobSpec, path: &str, out: &mut ErrorList) {
+    let at = |field: &str| format!("{path}.{field}");
+    non_negative(spec.parallelism.map(i64::from), &at("parallelism"), out);
+    non_negative(spec.completions.map(i64::from), &at("completions"), out);
+    non_negative(spec.active_deadline_seconds, &at("activeDeadlineSeconds"), out);
+    non_negative(spec.backoff_limit.map(i64::from), &at("backoffLimit"), out);
+    non_negative(spec.ttl_seconds_after_finished.map(i64::from), &at("ttlSecondsAfterFinished"), out);
+    let indexed = match spec.completion_mode.as_deref().unwrap_or("NonIndexed") {
+        "NonIndexed" => false,
+        "Indexed" => true,
+        other => {
+            out.push(FieldError::not_supported(at("completionMode"), other, &["NonIndexed", "Indexed"]));
+            false
+        }
+    };
+    if indexed {
+        match spec.completions {
+            None => out.push(FieldError::required(at("completions"), "when completion mode is Indexed")),
+            Some(c) if c > MAX_INDEXED => out.push(FieldError::invalid_raw(
+                at("completions"),
+                c,
+                format!("must be less than or equal to {MAX_INDEXED} when completion mode is Indexed"),
+            )),
+            Some(_) => {}
+        }
+        if let Some(p) = spec.parallelism
+            && p > MAX_INDEXED
+        {
+            out.push(FieldError::invalid_raw(
+                at("parallelism"),
+                p,
+                format!("must be less than or equal to {MAX_INDEXED} when completion mode is Indexed"),
+            ));
+        }
+    } else if let Some(b) = spec.backoff_limit_per_index {
+        out.push(FieldError::invalid_raw(at("backoffLimitPerIndex"), b, "requires indexed completion mode"));
+    }
+    validate_template(&spec.template, &at("template"), out);
     let restart = spec.template.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_default();
     if restart != "OnFailure" && restart != "Never" {
-        out.push(FieldError::not_supported("spec.template.spec.restartPolicy", restart, &["OnFailure", "Never"]));
+        out.push(FieldError::not_supported(at("template.spec.restartPolicy"), restart, &["OnFailure", "Never"]));
     }
 }
 

@@ -78,6 +78,7 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(apps::ControllerRevisions)),
         Arc::new(Typed::new(event::Events)),
         Arc::new(Typed::new(batch::Jobs)),
+        Arc::new(Typed::new(batch::CronJobs)),
         Arc::new(Typed::new(storage::StorageClasses)),
         Arc::new(Typed::new(storage::CsiDrivers)),
         Arc::new(Typed::new(storage::CsiNodes)),
