@@ -7,7 +7,7 @@
 //! Job that survive cairn being killed with SIGKILL half way (never more than maxSurge, no
 //! completion lost or counted twice). StatefulSets (ordered start, stable claims, partitioned
 //! updates, retention) and DaemonSets (taints, joining nodes, rolling update). A CronJob every
-//! minute under Forbid.
+//! minute under Forbid, and `kubectl drain` held back by a PodDisruptionBudget.
 //!
 //! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
 
@@ -733,8 +733,59 @@ fn deployments_and_jobs_run_like_kubernetes() {
     check_kill9_mid_job(&mut node);
 }
 
+/// `kubectl drain` against a PodDisruptionBudget: blocked while the budget allows no disruption
+/// (the node stays cordoned), one pod at a time when it allows one, and through when it allows all.
+fn check_drain(node: &Server) {
+    let name = get(node, "nodes", "{.items[0].metadata.name}");
+    node.ok_stdin(&["apply", "-f", "-"], &deployment("guarded", 2, 1, 0));
+    rollout_status(node, "guarded");
+    let pdb = r#"{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guarded"},
+      "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}}"#;
+    node.ok_stdin(&["apply", "-f", "-"], pdb);
+    let budget = |node: &Server| {
+        get(node, "pdb/guarded", "{.status.currentHealthy}/{.status.desiredHealthy}/{.status.disruptionsAllowed}")
+    };
+    eventually(30, || (budget(node) == "2/2/0").then_some(()));
+    let table = node.ok(&["get", "pdb", "guarded"]);
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "MIN", "AVAILABLE", "MAX", "UNAVAILABLE", "ALLOWED", "DISRUPTIONS", "AGE"]);
+    assert!(
+        table.lines().nth(1).is_some_and(|l| l.split_whitespace().take(4).eq(["guarded", "2", "N/A", "0"])),
+        "{table}"
+    );
+
+    // No disruption allowed: drain cordons the node, evicts nothing, and gives up at its timeout.
+    let out = node.kubectl(&["drain", &name, "--ignore-daemonsets", "--timeout=6s"]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("Cannot evict pod as it would violate the pod's disruption budget."), "{text}");
+    assert!(node.ok(&["get", "node", &name]).contains("SchedulingDisabled"));
+    assert_eq!(pod_counts(node, "app=guarded"), (2, 2), "a pod went although the budget allowed none");
+
+    // One allowed: one pod goes; its replacement cannot be scheduled on the cordoned node, so the
+    // second eviction waits.
+    node.ok(&["patch", "pdb", "guarded", "--type=merge", "-p", r#"{"spec":{"minAvailable":1}}"#]);
+    eventually(30, || (budget(node) == "2/1/1").then_some(()));
+    let out = node.kubectl(&["drain", &name, "--ignore-daemonsets", "--timeout=8s"]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success() && text.contains("evicted"), "{text}");
+    eventually(30, || (pod_counts(node, "app=guarded") == (2, 1)).then_some(()));
+    eventually(30, || (budget(node) == "1/1/0").then_some(()));
+
+    // All allowed: the drain goes through.
+    node.ok(&["patch", "pdb", "guarded", "--type=merge", "-p", r#"{"spec":{"minAvailable":0}}"#]);
+    let out = node.kubectl(&["drain", &name, "--ignore-daemonsets", "--timeout=60s"]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains(&format!("node/{name} drained")), "{text}");
+    assert_eq!(pod_counts(node, "app=guarded").1, 0);
+    node.ok(&["uncordon", &name]);
+    rollout_status(node, "guarded");
+    node.ok(&["delete", "deployment,pdb", "guarded"]);
+}
+
 /// A CronJob every minute: its Job within 70 s, the next start skipped while it runs under
-/// Forbid, `kubectl create job --from`, and schedules refused as upstream refuses them.
+/// Forbid, `kubectl create job --from`, and schedules refused as upstream refuses them; then
+/// `kubectl drain` against a PodDisruptionBudget on the same node.
 #[test]
 fn cron_jobs_run_on_schedule() {
     let node = Node::start("10.51.0.0/16");
@@ -780,4 +831,5 @@ fn cron_jobs_run_on_schedule() {
     assert_eq!(get(&node, "job/manual", "{.metadata.annotations.cronjob\\.kubernetes\\.io/instantiate}"), "manual");
     node.ok(&["delete", "cronjob", "tick"]);
     eventually(60, || (owned(&node) == 0).then_some(()));
+    check_drain(&node);
 }

@@ -188,6 +188,12 @@ mod tests {
         let binding = list["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods/binding").unwrap();
         assert_eq!(binding["kind"], "Binding");
         assert_eq!(binding["verbs"], json!(["create"]));
+        // kubectl drain evicts only where `pods/eviction` is listed with its group and version.
+        let eviction = list["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods/eviction").unwrap();
+        assert_eq!(
+            (&eviction["group"], &eviction["version"], &eviction["kind"]),
+            (&json!("policy"), &json!("v1"), &json!("Eviction"))
+        );
     }
 
     #[test]
@@ -198,7 +204,7 @@ mod tests {
         let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
         assert_eq!(
             names,
-            vec!["apps", "events.k8s.io", "batch", "storage.k8s.io", "coordination.k8s.io", "node.k8s.io"]
+            vec!["apps", "events.k8s.io", "batch", "policy", "storage.k8s.io", "coordination.k8s.io", "node.k8s.io"]
         );
         let agg = aggregated(&all, true, AGGREGATED_V2);
         let pods = agg["items"][0]["versions"][0]["resources"]

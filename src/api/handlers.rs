@@ -266,6 +266,11 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         }
         (&Method::POST, None, None) => create(state, t, &query, &headers, &body).await,
         (&Method::POST, Some(name), Some(Subresource::Binding)) => bind(state, t, name, &headers, &body).await,
+        (&Method::POST, Some(name), Some(Subresource::Eviction)) => {
+            let eviction = codec::parse_body(&headers, &body)?;
+            state.registry.evict(t.namespace.as_deref().unwrap_or("default"), name, &eviction).await?;
+            Ok(codec::success(StatusCode::CREATED, None))
+        }
         (
             &Method::PUT,
             Some(name),

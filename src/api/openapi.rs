@@ -592,12 +592,13 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
                     .body(PATCH, PATCH_TYPES)
                     .responds(&["200", "201"], SCALE),
             ],
-            // Plain text and protocol upgrades: not described here.
+            // Plain text, protocol upgrades, and an Eviction posted for its effect: not described here.
             Subresource::Log
             | Subresource::Exec
             | Subresource::Attach
             | Subresource::PortForward
-            | Subresource::Proxy => continue,
+            | Subresource::Proxy
+            | Subresource::Eviction => continue,
         };
         add(format!("{scope}{}/{{name}}/{}", info.plural, sub.name()), object, operations);
     }

@@ -12,6 +12,7 @@ mod attachdetach;
 mod cronjob;
 mod daemonset;
 mod deployment;
+mod disruption;
 mod ephemeral;
 mod event_ttl;
 mod expectations;
@@ -84,6 +85,7 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     deployment::spawn(client, &mut sets, &mut pods, shutdown);
     job::spawn(client, &mut pods, shutdown);
     cronjob::spawn(client, shutdown);
+    disruption::spawn(client, &mut pods, shutdown);
     let revisions = informer::Informer::new(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default());
     let claims = informer::Informer::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default());
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);

@@ -130,6 +130,14 @@ impl StatusError {
         }
     }
 
+    /// 429 with one cause (`NewTooManyRequests`, as the eviction subresource sends it).
+    pub fn too_many_requests(message: impl Into<String>, cause: Cause) -> Self {
+        Self {
+            details: Some(Box::new(Details { causes: vec![cause], ..Default::default() })),
+            ..Self::new(429, "TooManyRequests", message)
+        }
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }

@@ -8,6 +8,7 @@
 mod admission;
 pub mod bootstrap;
 pub mod error;
+mod eviction;
 pub mod kinds;
 pub mod patch;
 mod scale;

@@ -29,10 +29,13 @@ pub enum Subresource {
     Proxy,
     /// `scale`: an `autoscaling/v1` Scale view of a workload's `spec.replicas` (see `scale.rs`).
     Scale,
+    /// `eviction`: a `policy/v1` Eviction posted to delete a pod within its disruption budget
+    /// (see `eviction.rs`).
+    Eviction,
 }
 
 impl Subresource {
-    const ALL: [Subresource; 10] = [
+    const ALL: [Subresource; 11] = [
         Subresource::Status,
         Subresource::Binding,
         Subresource::Finalize,
@@ -43,6 +46,7 @@ impl Subresource {
         Subresource::EphemeralContainers,
         Subresource::Proxy,
         Subresource::Scale,
+        Subresource::Eviction,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +61,7 @@ impl Subresource {
             Subresource::EphemeralContainers => "ephemeralcontainers",
             Subresource::Proxy => "proxy",
             Subresource::Scale => "scale",
+            Subresource::Eviction => "eviction",
         }
     }
 
@@ -68,7 +73,7 @@ impl Subresource {
     pub fn verbs(self) -> &'static [&'static str] {
         match self {
             Subresource::Status | Subresource::EphemeralContainers | Subresource::Scale => &["get", "patch", "update"],
-            Subresource::Binding => &["create"],
+            Subresource::Binding | Subresource::Eviction => &["create"],
             Subresource::Finalize => &["update"],
             Subresource::Log => &["get"],
             Subresource::Proxy => &["create", "delete", "get", "patch", "update"],
@@ -83,6 +88,7 @@ impl Subresource {
             Subresource::Log => ("", "v1", "Pod"),
             Subresource::Proxy => ("", "v1", "NodeProxyOptions"),
             Subresource::Scale => ("autoscaling", "v1", "Scale"),
+            Subresource::Eviction => ("policy", "v1", "Eviction"),
             Subresource::Exec => ("", "v1", "PodExecOptions"),
             Subresource::Attach => ("", "v1", "PodAttachOptions"),
             Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
@@ -123,7 +129,8 @@ impl Subresource {
             | Subresource::PortForward
             | Subresource::EphemeralContainers
             | Subresource::Proxy
-            | Subresource::Scale => new,
+            | Subresource::Scale
+            | Subresource::Eviction => new,
         }
     }
 }

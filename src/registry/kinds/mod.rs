@@ -42,6 +42,7 @@ mod namespace;
 mod node;
 pub mod pod;
 pub mod pod_rules;
+mod policy;
 mod runtime_class;
 pub mod storage;
 mod workload_rules;
@@ -79,6 +80,7 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(event::Events)),
         Arc::new(Typed::new(batch::Jobs)),
         Arc::new(Typed::new(batch::CronJobs)),
+        Arc::new(Typed::new(policy::PodDisruptionBudgets)),
         Arc::new(Typed::new(storage::StorageClasses)),
         Arc::new(Typed::new(storage::CsiDrivers)),
         Arc::new(Typed::new(storage::CsiNodes)),

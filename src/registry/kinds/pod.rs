@@ -39,6 +39,7 @@ impl Kind for Pods {
         subresources: &[
             Subresource::Status,
             Subresource::Binding,
+            Subresource::Eviction,
             Subresource::Log,
             Subresource::Exec,
             Subresource::Attach,
