@@ -60,7 +60,12 @@ impl Schedule {
 
     /// `t` in the schedule's zone, as RFC 3339 (the `cronjob-scheduled-timestamp` annotation).
     pub fn local(&self, t: Timestamp) -> String {
-        Zoned::new(t, self.zone.clone()).strftime("%Y-%m-%dT%H:%M:%S%:z").to_string()
+        let local = Zoned::new(t, self.zone.clone());
+        // Go's RFC 3339 writes a zero offset as `Z`.
+        if local.offset().seconds() == 0 {
+            return local.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        }
+        local.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string()
     }
 }
 

@@ -32,6 +32,8 @@ const SCHEDULED_AT: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
 const NEXT_DELTA: Duration = Duration::from_millis(100);
 /// More missed start times than this get a warning (upstream's limit).
 const MANY_MISSED: i64 = 100;
+/// The most scheduled times one search steps through.
+const MAX_STEPS: usize = 100_000;
 
 pub struct CronJobs {
     client: Client,
@@ -87,17 +89,29 @@ fn most_recent(cj: &CronJob, schedule: &Schedule, now: Timestamp) -> (Option<Tim
     let created = cj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
     let mut earliest = status.last_schedule_time.map_or(created, |t| t.0);
     if let Some(deadline) = spec.starting_deadline_seconds {
-        earliest = earliest.max(now - SignedDuration::from_secs(deadline));
+        let floor = now.checked_sub(SignedDuration::from_secs(deadline)).unwrap_or(Timestamp::MIN);
+        earliest = earliest.max(floor);
     }
     let Some(t1) = schedule.next(earliest).filter(|t| *t <= now) else { return (None, 0) };
     let Some(t2) = schedule.next(t1).filter(|t| *t <= now) else { return (Some(t1), 1) };
-    // Many missed: jump by the period between the first two, then step to the last.
+    // Many missed: count them by the period between the first two, jump to two periods short
+    // of the last, and step from there through real scheduled times only. A schedule whose gaps
+    // vary (weekdays, months) may find none after the jump: then it steps from the first.
     let period = (t2.as_second() - t1.as_second()).max(1);
     let missed = (now.as_second() - t1.as_second()) / period + 1;
-    let mut recent = Timestamp::from_second(t1.as_second() + (missed - 1) * period).unwrap_or(t2);
-    while let Some(t) = schedule.next(recent).filter(|t| *t <= now) {
-        recent = t;
-    }
+    let last_until_now = |from: Timestamp| {
+        let mut found = None;
+        let mut t = from;
+        for _ in 0..MAX_STEPS {
+            match schedule.next(t).filter(|n| *n <= now) {
+                Some(n) => (found, t) = (Some(n), n),
+                None => break,
+            }
+        }
+        found
+    };
+    let jump = Timestamp::from_second(t1.as_second() + (missed - 2).max(0) * period).unwrap_or(t1);
+    let recent = last_until_now(jump).or_else(|| last_until_now(t1)).unwrap_or(t2);
     (Some(recent), missed)
 }
 
@@ -139,7 +153,7 @@ impl Reconciler for CronJobs {
         let old = cj.status.clone().unwrap_or_default();
         let mut status = old.clone();
         let result = self.sync(&cj, &jobs_api, &jobs, &mut status).await;
-        self.cleanup(&cj, &jobs_api, &jobs, &status).await?;
+        let cleaned = self.cleanup(&cj, &jobs_api, &jobs, &status).await;
         if status != old {
             let api: Api<CronJob> = Api::namespaced(self.client.clone(), &ns);
             let mut body = json!({"status": status});
@@ -148,6 +162,7 @@ impl Reconciler for CronJobs {
             }
             api.patch_status(&cj.name_any(), &PatchParams::default(), &Patch::Merge(&body)).await?;
         }
+        cleaned?;
         Ok(result?.map_or_else(Action::await_change, |wait| Action::requeue(wait + NEXT_DELTA)))
     }
 }
@@ -169,13 +184,27 @@ impl CronJobs {
         for job in jobs {
             let listed = active.iter().any(|r| r.uid == job.metadata.uid);
             match finished(job) {
-                None if !listed => self.event(
-                    cj,
-                    EventType::Warning,
-                    "UnexpectedJob",
-                    "Sync",
-                    format!("Saw a job that the controller did not create or forgot: {}", job.name_any()),
-                ),
+                None if !listed => {
+                    // The cache may not show the status write that listed it yet: ask the API.
+                    let fresh = Api::<CronJob>::namespaced(self.client.clone(), &cj.namespace().unwrap_or_default())
+                        .get_opt(&cj.name_any())
+                        .await?;
+                    let known = fresh
+                        .and_then(|c| c.status)
+                        .and_then(|s| s.active)
+                        .is_some_and(|a| a.iter().any(|r| r.uid == job.metadata.uid));
+                    if known {
+                        active.push(reference(job));
+                    } else {
+                        self.event(
+                            cj,
+                            EventType::Warning,
+                            "UnexpectedJob",
+                            "Sync",
+                            format!("Saw a job that the controller did not create or forgot: {}", job.name_any()),
+                        );
+                    }
+                }
                 Some(condition) if listed => {
                     active.retain(|r| r.uid != job.metadata.uid);
                     self.event(
@@ -234,7 +263,7 @@ impl CronJobs {
             ));
         }
         if let Some(deadline) = spec.starting_deadline_seconds
-            && scheduled + SignedDuration::from_secs(deadline) < now
+            && scheduled.checked_add(SignedDuration::from_secs(deadline)).is_ok_and(|t| t < now)
         {
             self.event(
                 cj,
@@ -263,18 +292,29 @@ impl CronJobs {
                 return Ok(until_next(now));
             }
             Some("Replace") => {
-                for r in status.active.take().into_iter().flatten() {
-                    let name = r.name.unwrap_or_default();
+                for r in status.active.clone().into_iter().flatten() {
+                    let name = r.name.clone().unwrap_or_default();
                     let params = DeleteParams {
                         propagation_policy: Some(PropagationPolicy::Background),
                         ..DeleteParams::default()
                     };
                     match api.delete(&name, &params).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                        Ok(_) => self.event(
+                            cj,
+                            EventType::Normal,
+                            "SuccessfulDelete",
+                            "Delete",
+                            format!("Deleted job {name}"),
+                        ),
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
                         Err(e) => return Err(e.into()),
                     }
-                    self.event(cj, EventType::Normal, "SuccessfulDelete", "Delete", format!("Deleted job {name}"));
+                    if let Some(active) = status.active.as_mut() {
+                        active.retain(|a| a.uid != r.uid);
+                    }
+                }
+                if status.active.as_ref().is_some_and(Vec::is_empty) {
+                    status.active = None;
                 }
             }
             _ => {}
@@ -334,7 +374,10 @@ impl CronJobs {
                 .filter(|j| finished(j) == Some(condition) && !j.uid().is_some_and(|u| active.contains(&u)))
                 .filter(|j| j.metadata.deletion_timestamp.is_none())
                 .collect();
-            done.sort_by_key(|j| j.status.as_ref().and_then(|s| s.start_time.clone()).map(|t| t.0));
+            // Oldest first; Jobs not started yet last (`byJobStartTime`).
+            done.sort_by_key(|j| {
+                j.status.as_ref().and_then(|s| s.start_time.clone()).map_or((1, None), |t| (0, Some(t.0)))
+            });
             let surplus = done.len().saturating_sub(limit.max(0) as usize);
             for job in done.into_iter().take(surplus) {
                 let params =
@@ -382,6 +425,15 @@ mod tests {
         assert_eq!((t, missed), (Some(at("2026-01-01T11:00:00Z")), 12));
         let after_last = cron_job("2026-01-01T10:00:00Z", Some("2026-01-01T10:05:00Z"), None);
         assert_eq!(most_recent(&after_last, &schedule, at("2026-01-01T10:07:00Z")), (None, 0));
+        // Gaps that vary: the latest real time, never one the schedule does not have.
+        let weekdays = Schedule::parse("0 9 * * 1-5", None).unwrap();
+        let monday = cron_job("2026-01-01T00:00:00Z", Some("2026-01-05T09:00:00Z"), None);
+        assert_eq!(most_recent(&monday, &weekdays, at("2026-01-11T10:00:00Z")).0, Some(at("2026-01-09T09:00:00Z")));
+        let monthly = Schedule::parse("0 0 1 * *", None).unwrap();
+        let january = cron_job("2025-12-01T00:00:00Z", Some("2026-01-01T00:00:00Z"), None);
+        assert_eq!(most_recent(&january, &monthly, at("2026-04-28T00:00:00Z")).0, Some(at("2026-04-01T00:00:00Z")));
+        let huge = cron_job("2026-01-01T10:00:00Z", None, Some(i64::MAX / 2));
+        assert_eq!(most_recent(&huge, &schedule, at("2026-01-01T10:06:00Z")).0, Some(at("2026-01-01T10:05:00Z")));
         // A starting deadline bounds how far back it looks.
         let bounded = cron_job("2026-01-01T10:00:00Z", None, Some(60));
         assert_eq!(most_recent(&bounded, &schedule, at("2026-01-01T10:08:00Z")), (None, 0));
@@ -393,7 +445,7 @@ mod tests {
         let cj = cron_job("2026-01-01T10:00:00Z", None, None);
         let job = job_for(&cj, &schedule, at("2026-01-01T10:05:00Z"));
         assert_eq!(job.name_any(), format!("tick-{}", at("2026-01-01T10:05:00Z").as_second() / 60));
-        assert_eq!(job.annotations()[SCHEDULED_AT], "2026-01-01T10:05:00+00:00");
+        assert_eq!(job.annotations()[SCHEDULED_AT], "2026-01-01T10:05:00Z");
         let owner = &job.metadata.owner_references.unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.controller), ("CronJob", Some(true)));
     }
