@@ -30,7 +30,7 @@ use super::deployment::{scaled, template_hash};
 use super::expectations::Expectations;
 use super::history;
 use super::informer::{Cache, Informer};
-use super::ownership::{Claim, controller_of, controller_ref};
+use super::ownership::{Claim, controller_ref, pod_owners};
 use super::pods::{is_available, is_ready};
 use super::runtime::{self, Error, Reconciler, api_message};
 use crate::events::{EventType, ObjectRef as EventObject, Recorder};
@@ -71,7 +71,7 @@ pub fn spawn(
     let sets: Cache<DaemonSet> = controller.store();
     let (for_pods, for_nodes) = (sets.clone(), sets);
     let controller = controller
-        .watches_stream(pods.subscribe(), move |pod| owners(&for_pods, &pod))
+        .watches_stream(pods.subscribe(), move |pod| pod_owners(&for_pods, &pod, |ds: &DaemonSet| &ds.spec.selector))
         // Any node change may change where daemon pods belong.
         .watches_stream(nodes.subscribe(), move |_node| {
             for_nodes.state().iter().map(|ds| ObjectRef::from_obj(&**ds)).collect::<Vec<_>>()
@@ -86,23 +86,6 @@ pub fn spawn(
         recorder: Recorder::spawn(client.clone(), "daemonset-controller".into(), String::new()),
     };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
-}
-
-/// A pod's controller if that is a DaemonSet; for an orphan, every set of its namespace that selects it.
-fn owners(sets: &Cache<DaemonSet>, pod: &Pod) -> Vec<ObjectRef<DaemonSet>> {
-    let ns = pod.namespace().unwrap_or_default();
-    match controller_of(&pod.metadata) {
-        Some(r) if r.kind == "DaemonSet" && r.api_version == "apps/v1" => vec![ObjectRef::new(&r.name).within(&ns)],
-        Some(_) => Vec::new(),
-        None => sets
-            .state()
-            .iter()
-            .filter(|ds| {
-                ds.namespace().as_deref() == Some(&ns) && selector_matches(Some(&ds.spec.selector), pod.labels())
-            })
-            .map(|ds| ObjectRef::from_obj(&**ds))
-            .collect(),
-    }
 }
 
 /// `AddOrUpdateDaemonPodTolerations`: what every daemon pod tolerates, so that it keeps running

@@ -5,13 +5,17 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::informer::Cache;
 use super::runtime::Error;
+use crate::labels::selector_matches;
 
 /// The owner reference that marks `obj`'s controller (`metav1.GetControllerOf`).
 pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
@@ -33,6 +37,28 @@ pub fn controller_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReferenc
         uid: owner.uid().unwrap_or_default(),
         controller: Some(true),
         block_owner_deletion: Some(true),
+    }
+}
+
+/// The controllers of kind `K` a pod's change concerns (upstream's `resolveControllerRef` and
+/// `getPodXs`): its controller if that is a `K`, and for an orphan every `K` of its namespace
+/// whose selector (`selector`) picks it.
+pub fn pod_owners<K>(cache: &Cache<K>, pod: &Pod, selector: impl Fn(&K) -> &LabelSelector) -> Vec<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let ns = pod.namespace().unwrap_or_default();
+    match controller_of(&pod.metadata) {
+        Some(r) if r.kind == K::kind(&()) && r.api_version == K::api_version(&()) => {
+            vec![ObjectRef::new(&r.name).within(&ns)]
+        }
+        Some(_) => Vec::new(),
+        None => cache
+            .state()
+            .iter()
+            .filter(|o| o.namespace().as_deref() == Some(&ns) && selector_matches(Some(selector(o)), pod.labels()))
+            .map(|o| ObjectRef::from_obj(&**o))
+            .collect(),
     }
 }
 

@@ -16,14 +16,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::expectations::Expectations;
 use super::informer::{Cache, Informer};
-use super::ownership::{Claim, controlled_by, controller_of, controller_ref};
+use super::ownership::{Claim, controlled_by, controller_of, controller_ref, pod_owners};
 use super::pods::{is_active, is_available, is_ready};
 use super::runtime::{self, Error, Reconciler, api_message};
 use crate::events::{EventType, ObjectRef as EventObject, Recorder};
@@ -47,7 +46,8 @@ pub fn spawn(client: &Client, sets: &mut Informer<ReplicaSet>, pods: &mut Inform
     let controller = Controller::for_stream(sets.subscribe(), sets.cache());
     let sets = sets.cache();
     let mapped = sets.clone();
-    let controller = controller.watches_stream(pods.subscribe(), move |pod| owners(&mapped, &pod));
+    let controller = controller
+        .watches_stream(pods.subscribe(), move |pod| pod_owners(&mapped, &pod, |rs: &ReplicaSet| &rs.spec.selector));
     let reconciler = ReplicaSets {
         client: client.clone(),
         pods: pods.cache(),
@@ -56,24 +56,6 @@ pub fn spawn(client: &Client, sets: &mut Informer<ReplicaSet>, pods: &mut Inform
         recorder: Recorder::spawn(client.clone(), "replicaset-controller".into(), String::new()),
     };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
-}
-
-/// The sets a pod's change concerns: its controller if that is a ReplicaSet, and for an orphan
-/// every set of its namespace that selects it.
-fn owners(sets: &Cache<ReplicaSet>, pod: &Pod) -> Vec<ObjectRef<ReplicaSet>> {
-    let ns = pod.namespace().unwrap_or_default();
-    match controller_of(&pod.metadata) {
-        Some(r) if r.kind == "ReplicaSet" && r.api_version == "apps/v1" => vec![ObjectRef::new(&r.name).within(&ns)],
-        Some(_) => Vec::new(),
-        None => sets
-            .state()
-            .iter()
-            .filter(|rs| {
-                rs.namespace().as_deref() == Some(&ns) && selector_matches(Some(&rs.spec.selector), pod.labels())
-            })
-            .map(|rs| ObjectRef::from_obj(&**rs))
-            .collect(),
-    }
 }
 
 fn key(meta: &ObjectMeta) -> String {

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::history;
 use super::informer::{Cache, Informer};
-use super::ownership::{Claim, controller_of, controller_ref};
+use super::ownership::{Claim, controller_ref, pod_owners};
 use super::pods::{is_available, is_ready};
 use super::runtime::{self, Error, Reconciler, api_message};
 use crate::events::{EventType, ObjectRef as EventObject, Recorder};
@@ -66,7 +66,8 @@ pub fn spawn(
 ) {
     let controller = Controller::new(Api::<StatefulSet>::all(client.clone()), watcher::Config::default());
     let sets: Cache<StatefulSet> = controller.store();
-    let controller = controller.watches_stream(pods.subscribe(), move |pod| owners(&sets, &pod));
+    let controller = controller
+        .watches_stream(pods.subscribe(), move |pod| pod_owners(&sets, &pod, |s: &StatefulSet| &s.spec.selector));
     let reconciler = StatefulSets {
         client: client.clone(),
         pods: pods.cache(),
@@ -75,23 +76,6 @@ pub fn spawn(
         recorder: Recorder::spawn(client.clone(), "statefulset-controller".into(), String::new()),
     };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
-}
-
-/// A pod's controller if that is a StatefulSet; for an orphan, every set of its namespace that
-/// selects it.
-fn owners(sets: &Cache<StatefulSet>, pod: &Pod) -> Vec<ObjectRef<StatefulSet>> {
-    let ns = pod.namespace().unwrap_or_default();
-    match controller_of(&pod.metadata) {
-        Some(r) if r.kind == "StatefulSet" && r.api_version == "apps/v1" => vec![ObjectRef::new(&r.name).within(&ns)],
-        Some(_) => Vec::new(),
-        None => sets
-            .state()
-            .iter()
-            .filter(|s| s.namespace().as_deref() == Some(&ns))
-            .filter(|s| selector_matches(Some(&s.spec.selector), pod.labels()))
-            .map(|s| ObjectRef::from_obj(&**s))
-            .collect(),
-    }
 }
 
 /// `getParentNameAndOrdinal`: `web-2` is ordinal 2 of set `web`.
