@@ -111,9 +111,14 @@ async fn release_orphans(
     jobs.wait_until_ready().await.ok();
     while let Some(Ok(pod)) = pods.next().await {
         let Some(job) = owner(pod.clone()).filter(|_| has_finalizer(&pod)) else { continue };
-        let ours = jobs
-            .get(&job)
-            .is_some_and(|j| controller_of(&pod.metadata).is_some_and(|r| Some(&r.uid) == j.uid().as_ref()));
+        let uid = controller_of(&pod.metadata).map(|r| r.uid.clone());
+        let mut ours = jobs.get(&job).is_some_and(|j| j.uid() == uid);
+        // A pod being deleted after its Job (the garbage collector deletes the Job first) may
+        // be seen before the Job cache has caught up: ask the API.
+        if ours && pod.metadata.deletion_timestamp.is_some() {
+            let api: Api<Job> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+            ours = !matches!(api.get_opt(&job.name).await, Ok(j) if j.as_ref().and_then(|j| j.uid()) != uid);
+        }
         if !ours && let Err(e) = remove_finalizer(&client, &pod).await {
             tracing::debug!("job controller: releasing orphan pod {}: {e}", pod.name_any());
         }
