@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::informer::{Cache, Informer};
+use super::informer::{Cache, Informer, synced};
 use super::ownership::{controlled_by, controller_of, controller_ref};
 use super::runtime::{self, Error, Reconciler, api_message};
 use crate::cron::Schedule;
@@ -42,8 +42,7 @@ pub struct CronJobs {
 }
 
 /// Starts the controller and its watch of Jobs.
-pub fn spawn(client: &Client, shutdown: &CancellationToken) {
-    let mut jobs = Informer::new(Api::<Job>::all(client.clone()), watcher::Config::default());
+pub fn spawn(client: &Client, jobs: &mut Informer<Job>, shutdown: &CancellationToken) {
     let controller = Controller::new(Api::<CronJob>::all(client.clone()), watcher::Config::default()).watches_stream(
         jobs.subscribe(),
         |job| {
@@ -56,7 +55,6 @@ pub fn spawn(client: &Client, shutdown: &CancellationToken) {
         jobs: jobs.cache(),
         recorder: Recorder::spawn(client.clone(), "cronjob-controller".into(), String::new()),
     };
-    jobs.spawn(shutdown.clone());
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
 }
 
@@ -139,6 +137,10 @@ fn job_for(cj: &CronJob, schedule: &Schedule, scheduled: Timestamp) -> Job {
 impl Reconciler for CronJobs {
     type Object = CronJob;
     const NAME: &'static str = "cronjob";
+
+    async fn synced(&self) -> bool {
+        synced(&self.jobs).await
+    }
 
     async fn reconcile(&self, cj: Arc<CronJob>) -> Result<Action, Error> {
         let ns = cj.namespace().unwrap_or_default();

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::deployment::{scaled, template_hash};
 use super::expectations::Expectations;
 use super::history;
-use super::informer::{Cache, Informer};
+use super::informer::{Cache, Informer, synced};
 use super::ownership::{Claim, controller_ref, pod_owners};
 use super::pods::{is_available, is_ready};
 use super::runtime::{self, Error, Reconciler, api_message};
@@ -260,6 +260,10 @@ impl Reconciler for DaemonSets {
     type Object = DaemonSet;
     const NAME: &'static str = "daemonset";
 
+    async fn synced(&self) -> bool {
+        synced(&self.pods).await && synced(&self.nodes).await && synced(&self.revisions).await
+    }
+
     async fn reconcile(&self, ds: Arc<DaemonSet>) -> Result<Action, Error> {
         let ns = ds.namespace().unwrap_or_default();
         let key = format!("{ns}/{}", ds.name_any());
@@ -394,7 +398,20 @@ impl DaemonSets {
                                 changes.delete.push(p.clone());
                             }
                         },
-                        "Succeeded" => changes.delete.push(p.clone()),
+                        "Succeeded" => {
+                            self.recorder.record(
+                                EventObject::of(ds),
+                                EventType::Normal,
+                                "SucceededDaemonPod",
+                                "Delete",
+                                format!(
+                                    "Found succeeded daemon pod {}/{} on node {name}, will try to delete it",
+                                    p.namespace().unwrap_or_default(),
+                                    p.name_any()
+                                ),
+                            );
+                            changes.delete.push(p.clone());
+                        }
                         _ => running.push(p.clone()),
                     }
                 }
@@ -475,7 +492,10 @@ impl DaemonSets {
                 match new_and_old(ds, &by_node[node], hash) {
                     None | Some((None, None)) | Some((Some(_), Some(_))) => unavailable += 1,
                     Some((Some(new), None)) => unavailable += usize::from(!available(&new)),
-                    Some((None, Some(old))) if !available(&old) => replace.push(old),
+                    Some((None, Some(old))) if !available(&old) => {
+                        unavailable += 1;
+                        replace.push(old);
+                    }
                     Some((None, Some(_))) if unavailable >= max_unavailable => {}
                     Some((None, Some(old))) => candidates.push(old),
                 }
@@ -490,12 +510,13 @@ impl DaemonSets {
                 surging += 1;
                 continue;
             };
-            if !eligible.get(node).copied().unwrap_or(false) {
-                changes.delete.extend(new.into_iter().chain(old));
-                continue;
-            }
             match (new, old) {
                 (_, None) => {}
+                // Pods that should not stay on their node are the manage loop's, except an
+                // unavailable old one, which is not replaced there.
+                (None, Some(old)) if !available(&old) && !eligible.get(node).copied().unwrap_or(false) => {
+                    changes.delete.push(old)
+                }
                 (None, Some(old)) if !available(&old) => allowed.push(node.clone()),
                 (None, Some(_)) if surging >= max_surge => {}
                 (None, Some(_)) => candidates.push(node.clone()),
@@ -543,6 +564,7 @@ impl DaemonSets {
                 ),
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => {
+                    self.expectations.delete_failed(key, &p.name_any(), p.uid().as_deref().unwrap_or_default());
                     self.recorder.record(
                         object.clone(),
                         EventType::Warning,

@@ -23,7 +23,7 @@ use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::informer::{Cache, Informer};
+use super::informer::{Cache, Informer, synced};
 use super::ownership::{Claim, controlled_by, controller_of, controller_ref};
 use super::runtime::{self, Error, Reconciler, api_message};
 use crate::events::{EventType, ObjectRef as EventObject, Recorder};
@@ -314,6 +314,10 @@ impl Sets {
 impl Reconciler for Deployments {
     type Object = Deployment;
     const NAME: &'static str = "deployment";
+
+    async fn synced(&self) -> bool {
+        synced(&self.sets).await && synced(&self.pods).await
+    }
 
     async fn reconcile(&self, d: Arc<Deployment>) -> Result<Action, Error> {
         let mut d = (*d).clone();

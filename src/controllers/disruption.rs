@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::deployment::scaled;
-use super::informer::{Cache, Informer};
+use super::informer::{Cache, Informer, synced};
 use super::ownership::controller_of;
 use super::pods::is_ready;
 use super::runtime::{self, Error, Reconciler};
@@ -108,6 +108,10 @@ impl Reconciler for Disruption {
     type Object = PodDisruptionBudget;
     const NAME: &'static str = "disruption";
 
+    async fn synced(&self) -> bool {
+        synced(&self.pods).await
+    }
+
     async fn reconcile(&self, pdb: Arc<PodDisruptionBudget>) -> Result<Action, Error> {
         let ns = pdb.namespace().unwrap_or_default();
         let pods: Vec<Arc<Pod>> = self
@@ -127,11 +131,12 @@ impl Reconciler for Disruption {
         let allowed = if expected <= 0 { 0 } else { (current - desired_healthy).max(0) };
         let (state, reason) = if allowed > 0 { ("True", "SufficientPods") } else { ("False", "InsufficientPods") };
         let mut conditions: Vec<Condition> = old.conditions.clone().unwrap_or_default();
-        let changed = conditions
-            .iter()
-            .find(|c| c.type_ == "DisruptionAllowed")
-            .is_none_or(|c| c.status != state || c.reason != reason);
-        if changed {
+        // As `meta.SetStatusCondition`: the transition time moves only with the status.
+        let kept = conditions.iter_mut().find(|c| c.type_ == "DisruptionAllowed" && c.status == state);
+        if let Some(c) = kept {
+            c.reason = reason.into();
+            c.observed_generation = pdb.metadata.generation;
+        } else {
             conditions.retain(|c| c.type_ != "DisruptionAllowed");
             conditions.push(Condition {
                 type_: "DisruptionAllowed".into(),

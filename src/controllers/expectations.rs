@@ -53,6 +53,14 @@ impl Expectations {
         p.deletes.insert((name, uid));
     }
 
+    /// Forgets the delete of `name` with `uid`, which failed (upstream's `DeletionObserved` on a
+    /// failed delete): the next sync is not held up waiting for it.
+    pub fn delete_failed(&self, key: &str, name: &str, uid: &str) {
+        if let Some(p) = self.lock().get_mut(key) {
+            p.deletes.retain(|(n, u)| n != name || u != uid);
+        }
+    }
+
     /// Whether every create and delete of `key` shows in the cache: `seen(name)` tells whether an
     /// object of that name is cached, `live(name, uid)` whether that one still is (and is not
     /// being deleted). Settled expectations are forgotten.
@@ -98,6 +106,10 @@ mod tests {
         assert!(!e.satisfied("ns/a", |_| false, |_, _| true));
         assert!(!e.satisfied("ns/a", |n| n == "a-1", |_, _| true), "the delete is still pending");
         assert!(e.satisfied("ns/a", |_| false, |_, _| false), "the create was seen before, the delete now");
+        e.deleted("ns/a", "a-3".into(), "u3".into());
+        assert!(!e.satisfied("ns/a", |_| true, |_, _| true));
+        e.delete_failed("ns/a", "a-3", "u3");
+        assert!(e.satisfied("ns/a", |_| true, |_, _| true), "a failed delete is not waited for");
         assert!(e.satisfied("ns/a", |_| false, |_, _| true), "settled expectations are forgotten");
     }
 }

@@ -16,6 +16,11 @@ use tokio_util::sync::CancellationToken;
 /// A controller's client-side cache of a kind (kube-runtime's reflector store; not cairn's store).
 pub type Cache<K> = Store<K>;
 
+/// Waits until `cache` holds the first list; false when its watch stopped first (shutdown).
+pub async fn synced<K: kube::Resource<DynamicType = ()> + Clone + 'static>(cache: &Cache<K>) -> bool {
+    cache.wait_until_ready().await.is_ok()
+}
+
 /// Changes a slow subscriber may fall behind by before the watch waits for it.
 const BUFFER: usize = 1024;
 

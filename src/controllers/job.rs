@@ -20,13 +20,12 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::expectations::Expectations;
-use super::informer::{Cache, Informer};
+use super::informer::{Cache, Informer, synced};
 use super::ownership::{Claim, controller_of, controller_ref};
 use super::pods::is_ready;
 use super::runtime::{self, Error, Reconciler};
@@ -61,11 +60,13 @@ pub struct Jobs {
 
 /// Starts the controller on the shared pod watch, and the sweeper that lets go of the pods of
 /// Jobs that are gone.
-pub fn spawn(client: &Client, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
-    let controller = Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default());
-    let jobs: Cache<Job> = controller.store();
-    let controller = controller.watches_stream(pods.subscribe(), owner);
-    tokio::spawn(release_orphans(client.clone(), jobs, pods.subscribe(), shutdown.clone()));
+pub fn spawn(client: &Client, jobs: &mut Informer<Job>, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
+    let controller = Controller::for_stream(jobs.subscribe(), jobs.cache()).watches_stream(pods.subscribe(), owner);
+    let changes = futures::stream::select(
+        pods.subscribe().filter_map(|p| std::future::ready(p.ok().map(|p| Change::Pod(Box::new(p))))),
+        jobs.subscribe().filter_map(|j| std::future::ready(j.ok().map(|j| Change::Job(Box::new(j))))),
+    );
+    tokio::spawn(release_orphans(client.clone(), jobs.cache(), pods.cache(), changes, shutdown.clone()));
     let reconciler = Jobs {
         client: client.clone(),
         pods: pods.cache(),
@@ -100,28 +101,75 @@ async fn remove_finalizer(client: &Client, pod: &Pod) -> Result<(), kube::Error>
     }
 }
 
-/// Upstream's orphan-pod handling: a pod keeping the tracking finalizer whose Job is gone is let go.
+/// What the orphan sweeper hears of.
+enum Change {
+    Pod(Box<Pod>),
+    Job(Box<Job>),
+}
+
+/// Upstream's orphan-pod handling: a pod keeping the tracking finalizer whose Job is gone is let
+/// go. Looked for when a pod changes, over a Job's pods when the Job is deleted (`deleteJob`), and
+/// over every pod once both caches are first filled.
 async fn release_orphans(
     client: Client,
     jobs: Cache<Job>,
-    pods: impl futures::Stream<Item = Result<Pod, watcher::Error>>,
+    pods: Cache<Pod>,
+    changes: impl futures::Stream<Item = Change>,
     shutdown: CancellationToken,
 ) {
-    let mut pods = std::pin::pin!(pods.take_until(shutdown.cancelled_owned()));
-    jobs.wait_until_ready().await.ok();
-    while let Some(Ok(pod)) = pods.next().await {
-        let Some(job) = owner(pod.clone()).filter(|_| has_finalizer(&pod)) else { continue };
-        let uid = controller_of(&pod.metadata).map(|r| r.uid.clone());
-        let mut ours = jobs.get(&job).is_some_and(|j| j.uid() == uid);
-        // A pod being deleted after its Job (the garbage collector deletes the Job first) may
-        // be seen before the Job cache has caught up: ask the API.
-        if ours && pod.metadata.deletion_timestamp.is_some() {
-            let api: Api<Job> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-            ours = !matches!(api.get_opt(&job.name).await, Ok(j) if j.as_ref().and_then(|j| j.uid()) != uid);
+    let mut changes = std::pin::pin!(changes.take_until(shutdown.cancelled_owned()));
+    // The changes are taken meanwhile (ignored) so that the shared watches never wait on this.
+    let mut ready = std::pin::pin!(async { synced(&jobs).await && synced(&pods).await });
+    let mut filled = false;
+    loop {
+        tokio::select! {
+            ok = &mut ready, if !filled => {
+                if !ok {
+                    return;
+                }
+                filled = true;
+                for pod in pods.state() {
+                    release_if_orphan(&client, &jobs, &pod).await;
+                }
+            }
+            change = changes.next() => match change {
+                None => return,
+                Some(_) if !filled => {}
+                Some(Change::Pod(pod)) => release_if_orphan(&client, &jobs, &pod).await,
+                Some(Change::Job(job)) => {
+                    let uid = job.uid();
+                    if jobs.get(&ObjectRef::from_obj(&job)).is_some_and(|j| j.uid() == uid) {
+                        continue;
+                    }
+                    let orphans = pods.state().into_iter().filter(|p| controller_of(&p.metadata).map(|r| &r.uid) == uid.as_ref());
+                    for pod in orphans {
+                        release_if_orphan(&client, &jobs, &pod).await;
+                    }
+                }
+            },
         }
-        if !ours && let Err(e) = remove_finalizer(&client, &pod).await {
-            tracing::debug!("job controller: releasing orphan pod {}: {e}", pod.name_any());
+    }
+}
+
+/// Removes the tracking finalizer of `pod` when its Job is gone: not in the cache, and not in
+/// the API either (the cache may lag behind a Job just created).
+async fn release_if_orphan(client: &Client, jobs: &Cache<Job>, pod: &Pod) {
+    let Some(job) = owner(pod.clone()).filter(|_| has_finalizer(pod)) else { return };
+    let uid = controller_of(&pod.metadata).map(|r| r.uid.clone());
+    if jobs.get(&job).is_some_and(|j| j.uid() == uid) {
+        return;
+    }
+    let api: Api<Job> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    match api.get_opt(&job.name).await {
+        Ok(Some(j)) if j.uid() == uid => return,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!("job controller: looking for the Job of pod {}: {e}", pod.name_any());
+            return;
         }
+    }
+    if let Err(e) = remove_finalizer(client, pod).await {
+        tracing::debug!("job controller: releasing orphan pod {}: {e}", pod.name_any());
     }
 }
 
@@ -232,6 +280,10 @@ fn failure_backoff(failures: u32) -> Duration {
 impl Reconciler for Jobs {
     type Object = Job;
     const NAME: &'static str = "job";
+
+    async fn synced(&self) -> bool {
+        synced(&self.pods).await
+    }
 
     async fn reconcile(&self, job: Arc<Job>) -> Result<Action, Error> {
         let ns = job.namespace().unwrap_or_default();
@@ -550,14 +602,20 @@ impl Jobs {
         }
         let params = DeleteParams::default();
         let names: Vec<String> = live.iter().map(|p| p.name_any()).collect();
-        for (name, result) in names.iter().zip(join_all(names.iter().map(|n| api.delete(n, &params))).await) {
+        let mut failed = None;
+        for ((name, p), result) in
+            names.iter().zip(&live).zip(join_all(names.iter().map(|n| api.delete(n, &params))).await)
+        {
             match result {
                 Ok(_) => self.event(job, EventType::Normal, "SuccessfulDelete", format!("Deleted pod: {name}")),
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    self.expectations.delete_failed(key, name, p.uid().as_deref().unwrap_or_default());
+                    failed = Some(e);
+                }
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), |e| Err(e.into()))
     }
 }
 

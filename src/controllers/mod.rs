@@ -32,6 +32,7 @@ mod statefulset;
 mod ttl_after_finished;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -83,8 +84,9 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     let mut sets = informer::Informer::new(Api::<ReplicaSet>::all(client.clone()), watcher::Config::default());
     replicaset::spawn(client, &mut sets, &mut pods, shutdown);
     deployment::spawn(client, &mut sets, &mut pods, shutdown);
-    job::spawn(client, &mut pods, shutdown);
-    cronjob::spawn(client, shutdown);
+    let mut jobs = informer::Informer::new(Api::<Job>::all(client.clone()), watcher::Config::default());
+    job::spawn(client, &mut jobs, &mut pods, shutdown);
+    cronjob::spawn(client, &mut jobs, shutdown);
     disruption::spawn(client, &mut pods, shutdown);
     let revisions = informer::Informer::new(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default());
     let claims = informer::Informer::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default());
@@ -98,6 +100,7 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     ));
     pods.spawn(shutdown.clone());
     sets.spawn(shutdown.clone());
+    jobs.spawn(shutdown.clone());
     revisions.spawn(shutdown.clone());
     claims.spawn(shutdown.clone());
     nodes.spawn(shutdown.clone());

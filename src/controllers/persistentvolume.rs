@@ -23,6 +23,7 @@ use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::informer::synced;
 use super::runtime::{self, Error, Reconciler};
 use crate::events::{EventType, Recorder};
 use crate::registry::kinds::storage::{
@@ -42,6 +43,12 @@ struct Shared {
     volumes: Store<PersistentVolume>,
     classes: Store<StorageClass>,
     recorder: Recorder,
+}
+
+impl Shared {
+    async fn synced(&self) -> bool {
+        synced(&self.claims).await && synced(&self.volumes).await && synced(&self.classes).await
+    }
 }
 
 /// Starts both loops; they stop with `shutdown`.
@@ -251,6 +258,10 @@ impl Reconciler for Claims {
     type Object = PersistentVolumeClaim;
     const NAME: &'static str = "persistentvolume-binder";
 
+    async fn synced(&self) -> bool {
+        self.0.synced().await
+    }
+
     async fn reconcile(&self, pvc: Arc<PersistentVolumeClaim>) -> Result<Action, Error> {
         let s = &self.0;
         if pvc.metadata.deletion_timestamp.is_some() && volume_name(&pvc).is_empty() {
@@ -440,6 +451,10 @@ struct Volumes(Arc<Shared>);
 impl Reconciler for Volumes {
     type Object = PersistentVolume;
     const NAME: &'static str = "persistentvolume-reclaimer";
+
+    async fn synced(&self) -> bool {
+        self.0.synced().await
+    }
 
     async fn reconcile(&self, pv: Arc<PersistentVolume>) -> Result<Action, Error> {
         let s = &self.0;

@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::expectations::Expectations;
-use super::informer::{Cache, Informer};
+use super::informer::{Cache, Informer, synced};
 use super::ownership::{Claim, controlled_by, controller_of, controller_ref, pod_owners};
 use super::pods::{is_active, is_available, is_ready};
 use super::runtime::{self, Error, Reconciler, api_message};
@@ -65,6 +65,10 @@ fn key(meta: &ObjectMeta) -> String {
 impl Reconciler for ReplicaSets {
     type Object = ReplicaSet;
     const NAME: &'static str = "replicaset";
+
+    async fn synced(&self) -> bool {
+        synced(&self.pods).await
+    }
 
     async fn reconcile(&self, rs: Arc<ReplicaSet>) -> Result<Action, Error> {
         let ns = rs.namespace().unwrap_or_default();
@@ -183,6 +187,7 @@ impl ReplicaSets {
                     ),
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => {
+                        self.expectations.delete_failed(key, &p.name_any(), p.uid().as_deref().unwrap_or_default());
                         let message = api_message(&e);
                         self.recorder.record(
                             object.clone(),

@@ -63,6 +63,13 @@ pub trait Reconciler: Send + Sync + 'static {
     /// The controller's name in logs (upstream's, where there is one).
     const NAME: &'static str;
     fn reconcile(&self, obj: Arc<Self::Object>) -> impl Future<Output = Result<Action, Error>> + Send;
+    /// Waits until the caches it reads besides its own kind's are filled (client-go's
+    /// `WaitForCacheSync`; kube-runtime waits for the main kind's only). A reconcile on a
+    /// half-filled pod cache would create pods that already exist. False when a watch has
+    /// stopped (shutdown): the reconcile is skipped.
+    fn synced(&self) -> impl Future<Output = bool> + Send {
+        std::future::ready(true)
+    }
 }
 
 /// Upstream's `DefaultControllerRateLimiter` per-item part: 5 ms, doubled per consecutive failure, at
@@ -110,6 +117,9 @@ pub async fn run<R: Reconciler>(controller: Controller<R::Object>, reconciler: R
 
 async fn reconcile<R: Reconciler>(obj: Arc<R::Object>, ctx: Arc<Ctx<R>>) -> Result<Action, Error> {
     let key = ObjectRef::from_obj(&*obj);
+    if !ctx.reconciler.synced().await {
+        return Ok(Action::await_change());
+    }
     let result = ctx.reconciler.reconcile(obj).await;
     if result.is_ok() {
         ctx.failures().remove(&key);

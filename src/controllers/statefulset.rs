@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::history;
-use super::informer::{Cache, Informer};
+use super::informer::{Cache, Informer, synced};
 use super::ownership::{Claim, controller_ref, pod_owners};
 use super::pods::{is_available, is_ready};
 use super::runtime::{self, Error, Reconciler, api_message};
@@ -47,6 +47,8 @@ pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 pub const REVISION_LABEL: &str = "controller-revision-hash";
 /// Upstream's `MaxBatchSize`: the most pods created or deleted at once in Parallel mode.
 const MAX_BATCH: usize = 500;
+/// How often a pod waiting for a stale claim to go looks again.
+const STALE_CLAIM_RECHECK: Duration = Duration::from_secs(5);
 
 pub struct StatefulSets {
     client: Client,
@@ -277,6 +279,10 @@ impl Reconciler for StatefulSets {
     type Object = StatefulSet;
     const NAME: &'static str = "statefulset";
 
+    async fn synced(&self) -> bool {
+        synced(&self.pods).await && synced(&self.revisions).await && synced(&self.claims).await
+    }
+
     async fn reconcile(&self, set: Arc<StatefulSet>) -> Result<Action, Error> {
         let ns = set.namespace().unwrap_or_default();
         let name = set.name_any();
@@ -310,11 +316,14 @@ impl Reconciler for StatefulSets {
         };
         count(&mut status, &pods, min_ready, &current.name_any(), &update.name_any(), now);
 
-        let outcome = if set.metadata.deletion_timestamp.is_none() {
+        let (outcome, waiting) = if set.metadata.deletion_timestamp.is_none() {
             let plan = self.plan(&set, api, &pods, &current, &update, now);
-            self.sync(&plan, &mut status).await
+            let outcome = self.sync(&plan, &mut status).await;
+            let waiting =
+                plan.replicas.iter().enumerate().any(|(i, p)| p.is_none() && self.claims_stale(&set, plan.start + i));
+            (outcome, waiting)
         } else {
-            Ok(())
+            (Ok(()), false)
         };
         complete_rolling_update(&spec, &mut status);
         if set.status.as_ref() != Some(&status) {
@@ -323,6 +332,10 @@ impl Reconciler for StatefulSets {
         }
         self.truncate_history(&spec, &revisions_api, &revisions, &pods, &status).await?;
         outcome?;
+        // Claims are not watched: a pod waiting for a stale claim to go is looked at again.
+        if waiting {
+            return Ok(Action::requeue(STALE_CLAIM_RECHECK));
+        }
         // Pods ready but not yet for minReadySeconds become available later: look again then.
         if min_ready > 0 && status.ready_replicas != status.available_replicas {
             return Ok(Action::requeue(Duration::from_secs(min_ready as u64)));
@@ -455,7 +468,7 @@ impl StatefulSets {
         let total = plan.replicas.len() as i32;
         let max_unavailable = match rolling.max_unavailable.as_ref() {
             None => 1,
-            v => super::deployment::scaled(v, total, true).max(1),
+            v => super::deployment::scaled(v, total, false).max(1),
         } as usize;
         let down = plan.replicas.iter().filter(|p| unavailable(p.as_ref(), plan.min_ready, plan.now)).count();
         if down > max_unavailable {
