@@ -81,6 +81,7 @@ mod protobuf_table {
         "api::node::v1",
         "api::apps::v1",
         "api::autoscaling::v1",
+        "api::autoscaling::v2",
         "api::batch::v1",
     ];
     /// Kinds accepted under any apiVersion, as clients send them with the group version of the request.

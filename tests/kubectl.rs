@@ -293,3 +293,65 @@ fn metrics_count_store_flushes() {
     assert!(value("cairn_store_flushes_total ") >= 1, "{m}");
     assert!(value("cairn_store_revision ") >= 3, "{m}");
 }
+
+/// HorizontalPodAutoscalers through `kubectl autoscale`, served as autoscaling/v2 and v1 views of
+/// one stored object, with upstream's columns, defaults and validation messages.
+#[test]
+fn horizontal_pod_autoscalers_in_v2_and_v1() {
+    let s = Server::start();
+    s.ok(&["create", "deployment", "web", "--image=busybox", "--replicas=2"]);
+    s.ok(&["autoscale", "deployment", "web", "--min=2", "--max=5", "--cpu=50%", "--memory=200Mi"]);
+    let hpa = s.ok(&["get", "hpa"]);
+    assert_eq!(header(&hpa), ["NAME", "REFERENCE", "TARGETS", "MINPODS", "MAXPODS", "REPLICAS", "AGE"]);
+    let row = hpa.lines().nth(1).unwrap_or_default();
+    assert!(row.starts_with("web") && row.contains("Deployment/web"), "{hpa}");
+    assert!(row.contains("cpu: <unknown>/50%, memory: <unknown>/200Mi"), "{hpa}");
+    assert_eq!(row.split_whitespace().skip(6).take(3).collect::<Vec<_>>(), ["2", "5", "0"], "{hpa}");
+    // The v1 view shows the CPU target as a field and keeps the memory metric in an annotation.
+    let v1 = |path: &str| {
+        s.ok(&["get", "horizontalpodautoscalers.v1.autoscaling", "web", "-o", &format!("jsonpath={path}")])
+    };
+    assert_eq!(v1("{.apiVersion} {.spec.targetCPUUtilizationPercentage}"), "autoscaling/v1 50");
+    assert!(v1("{.metadata.annotations}").contains("200Mi"));
+    // A v1 object without a target gets CPU at 80 %, seen through v2.
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"{"apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "old"},
+          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "maxReplicas": 3}}"#,
+    );
+    let v2 = s.ok(&[
+        "get",
+        "horizontalpodautoscalers.v2.autoscaling",
+        "old",
+        "-o",
+        "jsonpath={.spec.minReplicas} {.spec.metrics[0].resource}",
+    ]);
+    assert_eq!(v2, r#"1 {"name":"cpu","target":{"averageUtilization":80,"type":"Utilization"}}"#);
+    // Bumping the v1 target through a patch changes the one stored metric.
+    s.ok(&[
+        "patch",
+        "horizontalpodautoscalers.v1.autoscaling",
+        "old",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"targetCPUUtilizationPercentage":65}}"#,
+    ]);
+    let metrics = s.ok(&["get", "hpa", "old", "-o", "jsonpath={.spec.metrics[*].resource.target.averageUtilization}"]);
+    assert_eq!(metrics, "65");
+    // Invalid specs are refused with upstream's messages, through either version, and nothing is stored.
+    let refused = |version: &str, spec: &str| {
+        let hpa = format!(
+            r#"{{"apiVersion": "autoscaling/{version}", "kind": "HorizontalPodAutoscaler", "metadata": {{"name": "bad"}},
+              "spec": {{"scaleTargetRef": {{"kind": "Deployment", "name": "web"}}, {spec}}}}}"#
+        );
+        String::from_utf8_lossy(&s.kubectl_stdin(&["apply", "-f", "-"], &hpa).stderr).into_owned()
+    };
+    let err = refused("v2", r#""minReplicas": 4, "maxReplicas": 3"#);
+    assert!(
+        err.contains("spec.maxReplicas: Invalid value: 3: must be greater than or equal to `minReplicas`"),
+        "{err}"
+    );
+    let err = refused("v1", r#""maxReplicas": 3, "targetCPUUtilizationPercentage": 0"#);
+    assert!(err.contains("averageUtilization: Invalid value: 0: must be greater than 0"), "{err}");
+    assert!(s.fails(&["get", "hpa", "bad"]).contains("NotFound"));
+}

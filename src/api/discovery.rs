@@ -40,16 +40,24 @@ pub fn wants_aggregated(accept: &str) -> Option<&'static str> {
     None
 }
 
-/// Groups in discovery order: the core group first, then named groups in the order served.
-fn groups(resources: &[Listed<'_>]) -> Vec<(&'static str, &'static str)> {
-    let mut out: Vec<(&str, &str)> = Vec::new();
-    for r in resources {
-        let i = r.info;
-        if !i.group.is_empty() && !out.contains(&(i.group, i.version)) {
-            out.push((i.group, i.version));
+/// Named groups in discovery order with their versions, the preferred (first served) first.
+fn groups(resources: &[Listed<'_>]) -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
+    for i in resources.iter().map(|r| r.info).filter(|i| !i.group.is_empty()) {
+        match out.iter_mut().find(|(g, _)| *g == i.group) {
+            Some((_, versions)) if !versions.contains(&i.version) => versions.push(i.version),
+            Some(_) => {}
+            None => out.push((i.group, vec![i.version])),
         }
     }
     out
+}
+
+/// An `APIGroup` body: its versions and the preferred one.
+fn group_body(group: &str, versions: &[&str]) -> Value {
+    let gv = |v: &&str| json!({"groupVersion": format!("{group}/{v}"), "version": v});
+    let all: Vec<Value> = versions.iter().map(gv).collect();
+    json!({"name": group, "versions": all, "preferredVersion": versions.first().map(gv)})
 }
 
 /// `/api`: the legacy core versions.
@@ -63,21 +71,17 @@ pub fn api_versions(server_address: &str) -> Value {
 
 /// `/apis`: the named groups.
 pub fn api_group_list(resources: &[Listed<'_>]) -> Value {
-    let groups: Vec<Value> = groups(resources)
-        .into_iter()
-        .map(|(g, v)| {
-            let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
-            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
-        })
-        .collect();
+    let groups: Vec<Value> = groups(resources).iter().map(|(g, versions)| group_body(g, versions)).collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/{group}`: one group.
 pub fn api_group(resources: &[Listed<'_>], group: &str) -> Option<Value> {
-    let (g, v) = groups(resources).into_iter().find(|(g, _)| *g == group)?;
-    let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
-    Some(json!({"kind": "APIGroup", "apiVersion": "v1", "name": g, "versions": [gv.clone()], "preferredVersion": gv}))
+    let (g, versions) = groups(resources).into_iter().find(|(g, _)| *g == group)?;
+    let mut body = group_body(g, &versions);
+    body["kind"] = json!("APIGroup");
+    body["apiVersion"] = json!("v1");
+    Some(body)
 }
 
 /// `/api/v1` or `/apis/{group}/{version}`: the resources of one group-version.
@@ -153,17 +157,26 @@ fn discovery_resource(listed: &Listed<'_>) -> Value {
 
 /// Aggregated discovery for `/api` (`core == true`) or `/apis`.
 pub fn aggregated(resources: &[Listed<'_>], core: bool, api_version: &str) -> Value {
-    let group_ids: Vec<(&str, &str)> = if core { vec![("", "v1")] } else { groups(resources) };
+    let group_ids = if core { vec![("", vec!["v1"])] } else { groups(resources) };
     let items: Vec<Value> = group_ids
         .into_iter()
-        .map(|(g, v)| {
-            let res: Vec<Value> =
-                resources.iter().filter(|l| l.info.group == g && l.info.version == v).map(discovery_resource).collect();
+        .map(|(g, versions)| {
+            let versions: Vec<Value> = versions
+                .iter()
+                .map(|v| {
+                    let res: Vec<Value> = resources
+                        .iter()
+                        .filter(|l| l.info.group == g && l.info.version == *v)
+                        .map(discovery_resource)
+                        .collect();
+                    json!({"version": v, "resources": res, "freshness": "Current"})
+                })
+                .collect();
             let mut meta = json!({"creationTimestamp": null});
             if !g.is_empty() {
                 meta["name"] = json!(g);
             }
-            json!({"metadata": meta, "versions": [{"version": v, "resources": res, "freshness": "Current"}]})
+            json!({"metadata": meta, "versions": versions})
         })
         .collect();
     let version =
@@ -204,8 +217,26 @@ mod tests {
         let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
         assert_eq!(
             names,
-            vec!["apps", "events.k8s.io", "batch", "policy", "storage.k8s.io", "coordination.k8s.io", "node.k8s.io"]
+            vec![
+                "apps",
+                "events.k8s.io",
+                "autoscaling",
+                "batch",
+                "policy",
+                "storage.k8s.io",
+                "coordination.k8s.io",
+                "node.k8s.io"
+            ]
         );
+        // Two versions of one group: the first served is preferred, as autoscaling/v2 upstream.
+        let autoscaling = api_group(&all, "autoscaling").unwrap();
+        assert_eq!(autoscaling["preferredVersion"]["groupVersion"], "autoscaling/v2");
+        let versions: Vec<&str> =
+            autoscaling["versions"].as_array().unwrap().iter().filter_map(|v| v["version"].as_str()).collect();
+        assert_eq!(versions, ["v2", "v1"]);
+        let agg = aggregated(&all, false, AGGREGATED_V2);
+        let item = agg["items"].as_array().unwrap().iter().find(|i| i["metadata"]["name"] == "autoscaling").unwrap();
+        assert_eq!(item["versions"][1]["resources"][0]["resource"], "horizontalpodautoscalers");
         let agg = aggregated(&all, true, AGGREGATED_V2);
         let pods = agg["items"][0]["versions"][0]["resources"]
             .as_array()

@@ -34,6 +34,7 @@ macro_rules! pod_spec_merge_keys {
 }
 
 mod apps;
+mod autoscaling;
 pub mod batch;
 mod config;
 mod coordination;
@@ -78,6 +79,8 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(apps::DaemonSets)),
         Arc::new(Typed::new(apps::ControllerRevisions)),
         Arc::new(Typed::new(event::Events)),
+        Arc::new(Typed::new(autoscaling::HorizontalPodAutoscalers)),
+        Arc::new(Typed::new(autoscaling::HorizontalPodAutoscalersV1)),
         Arc::new(Typed::new(batch::Jobs)),
         Arc::new(Typed::new(batch::CronJobs)),
         Arc::new(Typed::new(policy::PodDisruptionBudgets)),
