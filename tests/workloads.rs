@@ -424,6 +424,89 @@ fn check_failing_job(node: &Server) {
     node.ok(&["delete", "job", "doomed"]);
 }
 
+/// Job policies, four Jobs side by side. A podFailurePolicy: a failure it ignores is replaced
+/// without counting toward backoffLimit 0; an exit code it names fails the Job at once, with
+/// upstream's reason and message. A backoffLimitPerIndex: the failing index is retried once
+/// (its pod carrying the count), then given up, and the Job fails with FailedIndexes once the
+/// other indexes are done. A successPolicy: index 0 done completes the Job, and the pods of the
+/// other indexes are stopped.
+fn check_job_policies(node: &Server) {
+    let policy = r#""podFailurePolicy": {"rules": [
+        {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [3]}},
+        {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [42]}}]},"#;
+    node.ok_stdin(&["apply", "-f", "-"], &job("shrugged", &format!(r#""backoffLimit": 0, {policy}"#), "exit 3"));
+    node.ok_stdin(&["apply", "-f", "-"], &job("fatal", policy, "exit 42"));
+    let indexed = r#""completionMode": "Indexed", "completions": 3, "parallelism": 3,"#;
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        &job(
+            "per-index",
+            &format!(r#"{indexed} "backoffLimitPerIndex": 1,"#),
+            "[ $JOB_COMPLETION_INDEX = 1 ] && exit 1; exit 0",
+        ),
+    );
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        &job(
+            "early",
+            &format!(r#"{indexed} "successPolicy": {{"rules": [{{"succeededIndexes": "0"}}]}},"#),
+            "[ $JOB_COMPLETION_INDEX = 0 ] && exit 0; sleep 3600",
+        ),
+    );
+
+    // Ignored failures: replaced again and again, never counted, the Job never failed.
+    eventually(60, || {
+        let phases = get(node, "pods -l batch.kubernetes.io/job-name=shrugged", "{.items[*].status.phase}");
+        (phases.matches("Failed").count() >= 2).then_some(())
+    });
+    assert_eq!(get(node, "job/shrugged", "{.status.failed} {.status.conditions}"), "0 ");
+    node.ok(&["delete", "job", "shrugged"]);
+
+    let wait = |name: &str, condition: &str| {
+        let out =
+            node.kubectl(&["wait", &format!("--for=condition={condition}"), &format!("job/{name}"), "--timeout=90s"]);
+        assert!(out.status.success(), "{name}: {}{}", String::from_utf8_lossy(&out.stderr), node.log());
+    };
+    let reason = |name: &str, condition: &str| {
+        get(node, &format!("job/{name}"), &format!(r#"{{.status.conditions[?(@.type=="{condition}")].reason}}"#))
+    };
+    wait("fatal", "failed");
+    let pods = get(node, "pods -l batch.kubernetes.io/job-name=fatal", "{.items[*].metadata.name}");
+    assert_eq!(pods.split_whitespace().count(), 1, "one pod fails the Job: {pods}");
+    assert_eq!(get(node, "job/fatal", "{.status.failed}"), "1");
+    assert_eq!(reason("fatal", "Failed"), "PodFailurePolicy");
+    let message = get(node, "job/fatal", r#"{.status.conditions[?(@.type=="Failed")].message}"#);
+    assert_eq!(
+        message,
+        format!(
+            "Container main for pod default/{} failed with exit code 42 matching FailJob rule at index 1",
+            pods.trim()
+        )
+    );
+
+    wait("early", "complete");
+    assert_eq!(reason("early", "Complete"), "SuccessPolicy");
+    assert_eq!(get(node, "job/early", "{.status.succeeded} {.status.completedIndexes} {.status.active}"), "1 0 0");
+    let message = get(node, "job/early", r#"{.status.conditions[?(@.type=="SuccessCriteriaMet")].message}"#);
+    assert_eq!(message, "Matched rules at index 0");
+
+    wait("per-index", "failed");
+    assert_eq!(reason("per-index", "Failed"), "FailedIndexes");
+    assert_eq!(
+        get(node, "job/per-index", "{.status.failedIndexes} {.status.completedIndexes} {.status.failed}"),
+        "1 0,2 2"
+    );
+    let retried = get(
+        node,
+        "pods -l batch.kubernetes.io/job-completion-index=1,batch.kubernetes.io/job-name=per-index",
+        "{.items[*].metadata.annotations.batch\\.kubernetes\\.io/job-index-failure-count}",
+    );
+    let mut counts: Vec<&str> = retried.split_whitespace().collect();
+    counts.sort();
+    assert_eq!(counts, ["0", "1"], "index 1 was tried twice");
+    node.ok(&["delete", "job", "fatal", "early", "per-index"]);
+}
+
 /// `ttlSecondsAfterFinished`: the Job and its pods go once it has been finished that long.
 fn check_ttl(node: &Server) {
     node.ok_stdin(&["apply", "-f", "-"], &job("brief", r#""ttlSecondsAfterFinished": 1,"#, "true"));
@@ -728,6 +811,7 @@ fn deployments_and_jobs_run_like_kubernetes() {
     check_refused_pods(&node);
     check_indexed_job(&node);
     check_failing_job(&node);
+    check_job_policies(&node);
     check_ttl(&node);
     check_kill9_mid_rollout(&mut node);
     check_kill9_mid_job(&mut node);

@@ -2,8 +2,9 @@
 //! `parallelism` pods at a time until `completions` succeed (NonIndexed), or one success per index
 //! `0..completions` (Indexed: `JOB_COMPLETION_INDEX`, hostname `<job>-<index>`); failed pods are
 //! replaced after an exponential backoff (10 s doubling, at most 10 minutes) until `backoffLimit`;
-//! `activeDeadlineSeconds` and `suspend` as upstream; the SuccessCriteriaMet/Complete and
-//! FailureTarget/Failed conditions. Every pod carries the `batch.kubernetes.io/job-tracking`
+//! `activeDeadlineSeconds`, `suspend`, `podFailurePolicy` (a failed pod fails the Job, is ignored
+//! or counts; see [`failure_policy`]) and `podReplacementPolicy` as upstream; the
+//! SuccessCriteriaMet/Complete and FailureTarget/Failed conditions. Every pod carries the `batch.kubernetes.io/job-tracking`
 //! finalizer: a finished pod is first recorded in `status.uncountedTerminatedPods`, then its
 //! finalizer removed, then counted, so a restart neither loses nor double-counts a completion.
 
@@ -13,7 +14,9 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::future::join_all;
-use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus, UncountedTerminatedPods};
+use k8s_openapi::api::batch::v1::{
+    Job, JobCondition, JobStatus, PodFailurePolicy, SuccessPolicy, UncountedTerminatedPods,
+};
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -24,6 +27,7 @@ use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use self::failure_policy::Verdict;
 use super::expectations::Expectations;
 use super::informer::{Cache, Informer, synced};
 use super::ownership::{Claim, controller_of, controller_ref};
@@ -32,9 +36,13 @@ use super::runtime::{self, Error, Reconciler};
 use crate::events::{EventType, ObjectRef as EventObject, Recorder};
 use crate::labels::selector_matches;
 
+mod failure_policy;
+
 /// The finalizer that keeps a finished pod until its Job has counted it.
 pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
 const INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// The failures of its index before a pod (with `backoffLimitPerIndex`).
+const INDEX_FAILURES: &str = "batch.kubernetes.io/job-index-failure-count";
 /// Upstream's `DefaultJobPodFailureBackOff` and `MaxJobPodFailureBackOff`.
 const FAILURE_BACKOFF: Duration = Duration::from_secs(10);
 const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(600);
@@ -178,12 +186,13 @@ fn phase(pod: &Pod) -> &str {
 }
 
 /// A pod that is over for its Job: it finished, or it is being deleted and not running
-/// (upstream counts a deleted unfinished pod as failed).
-fn finished(pod: &Pod) -> Option<bool> {
+/// (upstream counts a deleted unfinished pod as failed, except under a `podFailurePolicy`, which
+/// judges a pod by its final state).
+fn finished(pod: &Pod, policy: bool) -> Option<bool> {
     match phase(pod) {
         "Succeeded" => Some(true),
         "Failed" => Some(false),
-        _ if pod.metadata.deletion_timestamp.is_some() && !running_containers(pod) => Some(false),
+        _ if !policy && pod.metadata.deletion_timestamp.is_some() && !running_containers(pod) => Some(false),
         _ => None,
     }
 }
@@ -191,10 +200,10 @@ fn finished(pod: &Pod) -> Option<bool> {
 /// The finished pods still holding the tracking finalizer and not in `seen` (recorded as
 /// uncounted, or counted with their finalizer removal not yet in the cache): (UID, succeeded),
 /// at most [`MAX_UNCOUNTED`].
-fn newly_finished(pods: &[Arc<Pod>], seen: &HashSet<String>) -> Vec<(String, bool)> {
+fn newly_finished<'a>(pods: &'a [Arc<Pod>], seen: &HashSet<String>, policy: bool) -> Vec<(&'a Arc<Pod>, bool)> {
     pods.iter()
-        .filter(|p| has_finalizer(p))
-        .filter_map(|p| Some((p.uid().filter(|u| !seen.contains(u))?, finished(p)?)))
+        .filter(|p| has_finalizer(p) && p.uid().is_some_and(|u| !seen.contains(&u)))
+        .filter_map(|p| Some((p, finished(p, policy)?)))
         .take(MAX_UNCOUNTED)
         .collect()
 }
@@ -208,6 +217,51 @@ fn running_containers(pod: &Pod) -> bool {
 
 fn index_of(pod: &Pod) -> Option<i32> {
     pod.annotations().get(INDEX).and_then(|i| i.parse().ok())
+}
+
+/// The failures of a pod's index before it (`batch.kubernetes.io/job-index-failure-count`).
+fn index_failures_before(pod: &Pod) -> i32 {
+    pod.annotations().get(INDEX_FAILURES).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// Per index with failed pods: its failures so far (the failures before its latest failed pod,
+/// and that one's unless the policy ignores it) and when its latest failed pod finished.
+fn index_failures(pods: &[Arc<Pod>], policy: Option<&PodFailurePolicy>) -> HashMap<i32, (i32, Timestamp)> {
+    let mut out: HashMap<i32, (i32, Timestamp)> = HashMap::new();
+    for pod in pods.iter().filter(|p| finished(p, policy.is_some()) == Some(false)) {
+        let Some(i) = index_of(pod) else { continue };
+        let counted = i32::from(failure_policy::judge(policy, pod) != Verdict::Ignore);
+        let failures = index_failures_before(pod) + counted;
+        let at = finish_time(pod);
+        let entry = out.entry(i).or_insert((failures, at));
+        if failures > entry.0 || (failures == entry.0 && at > entry.1) {
+            *entry = (failures, at);
+        }
+    }
+    out
+}
+
+/// When a pod's last container stopped (its creation when none says).
+fn finish_time(pod: &Pod) -> Timestamp {
+    let statuses = pod.status.iter().flat_map(|s| s.container_statuses.iter().flatten());
+    statuses
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref().map(|t| t.0))
+        .max()
+        .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// The first success policy rule the completed indexes meet (upstream's `matchSuccessPolicy`).
+fn matched_success_rule(policy: &SuccessPolicy, completed: &BTreeSet<i32>) -> Option<usize> {
+    policy.rules.iter().position(|rule| match (&rule.succeeded_indexes, rule.succeeded_count) {
+        (Some(indexes), count) => {
+            let wanted = parse_indexes(indexes);
+            let done = wanted.intersection(completed).count();
+            count.map_or(done == wanted.len(), |c| done >= c.max(0) as usize)
+        }
+        (None, Some(c)) => completed.len() >= c.max(0) as usize,
+        (None, None) => false,
+    })
 }
 
 fn condition_true(status: &JobStatus, kind: &str) -> bool {
@@ -316,7 +370,10 @@ impl Reconciler for Jobs {
         let (mut new_succeeded, mut new_failed) =
             (uncounted.succeeded.clone().unwrap_or_default(), uncounted.failed.clone().unwrap_or_default());
         let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+        let policy = spec.pod_failure_policy.as_ref();
+        let per_index = spec.backoff_limit_per_index.filter(|_| indexed);
         let mut completed = parse_indexes(status.completed_indexes.as_deref().unwrap_or_default());
+        let mut failed_indexes = parse_indexes(status.failed_indexes.as_deref().unwrap_or_default());
 
         // Pods counted earlier whose cached copy still shows the finalizer are left alone.
         let counted: HashSet<String> = {
@@ -330,22 +387,46 @@ impl Reconciler for Jobs {
             counted
         };
 
-        // 1. Finished pods still holding the finalizer are recorded as uncounted.
+        // 1. Finished pods still holding the finalizer are recorded as uncounted, with the Job's
+        // failure when the pod failure policy calls for it; failures it ignores are not recorded.
         let seen: HashSet<String> =
             counted.into_iter().chain(new_succeeded.iter().chain(&new_failed).cloned()).collect();
-        let newly = newly_finished(&pods, &seen);
-        for (uid, ok) in &newly {
+        let newly = newly_finished(&pods, &seen, policy.is_some());
+        let mut ignored = Vec::new();
+        for (pod, ok) in &newly {
+            let uid = pod.uid().unwrap_or_default();
             let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
             if *ok {
-                new_succeeded.push(uid.clone());
+                new_succeeded.push(uid);
                 backoff.remove(&key);
-            } else {
-                new_failed.push(uid.clone());
-                let entry = backoff.entry(key.clone()).or_insert((0, now));
-                *entry = (entry.0 + 1, now);
+                continue;
             }
+            let verdict = failure_policy::judge(policy, pod);
+            match &verdict {
+                Verdict::Ignore => {
+                    ignored.push(uid);
+                    continue;
+                }
+                Verdict::FailJob(message) if !done && !condition_true(&status, "FailureTarget") => {
+                    set_condition(&mut status, "FailureTarget", "True", "PodFailurePolicy", message, now);
+                }
+                _ => {}
+            }
+            // With a backoff limit per index, an index that has failed that often (or that the
+            // policy fails) is not tried again.
+            if let (Some(limit), Some(i)) = (per_index, index_of(pod))
+                && (verdict == Verdict::FailIndex || index_failures_before(pod) >= limit)
+            {
+                failed_indexes.insert(i);
+            }
+            new_failed.push(uid);
+            let entry = backoff.entry(key.clone()).or_insert((0, now));
+            *entry = (entry.0 + 1, now);
         }
-        if !newly.is_empty() {
+        if per_index.is_some() {
+            status.failed_indexes = Some(format_indexes(&failed_indexes));
+        }
+        if newly.len() > ignored.len() {
             status.uncounted_terminated_pods = Some(UncountedTerminatedPods {
                 succeeded: Some(new_succeeded.clone()),
                 failed: Some(new_failed.clone()),
@@ -356,7 +437,9 @@ impl Reconciler for Jobs {
         let recorded: Vec<&Arc<Pod>> = pods
             .iter()
             .filter(|p| {
-                has_finalizer(p) && p.uid().is_some_and(|u| new_succeeded.contains(&u) || new_failed.contains(&u))
+                has_finalizer(p)
+                    && p.uid()
+                        .is_some_and(|u| new_succeeded.contains(&u) || new_failed.contains(&u) || ignored.contains(&u))
             })
             .collect();
         let removed = join_all(recorded.iter().map(|p| remove_finalizer(&self.client, p))).await;
@@ -383,24 +466,39 @@ impl Reconciler for Jobs {
         status.failed = Some(old.failed.unwrap_or(0) + new_failed.len() as i32);
         status.uncounted_terminated_pods = Some(UncountedTerminatedPods::default());
 
-        // The pods still running for the Job.
-        let active: Vec<&Arc<Pod>> =
-            pods.iter().filter(|p| finished(p).is_none() && p.metadata.deletion_timestamp.is_none()).collect();
-        let terminating =
-            pods.iter().filter(|p| p.metadata.deletion_timestamp.is_some() && finished(p).is_none()).count();
+        // The pods still running for the Job, and those on their way out: under podReplacementPolicy
+        // Failed these keep their place until they have failed.
+        let (active, terminating): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = pods
+            .iter()
+            .filter(|p| finished(p, policy.is_some()).is_none())
+            .partition(|p| p.metadata.deletion_timestamp.is_none());
         status.active = Some(active.len() as i32);
         status.ready = Some(active.iter().filter(|p| is_ready(p)).count() as i32);
-        status.terminating = Some(terminating as i32);
+        status.terminating = Some(terminating.len() as i32);
+        let holding = if spec.pod_replacement_policy.as_deref() == Some("Failed") { &terminating[..] } else { &[] };
+        let occupied: Vec<&Arc<Pod>> = active.iter().chain(holding).copied().collect();
 
         let mut requeue = None;
         if done {
             self.backoff.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         } else if satisfied {
-            requeue = self.manage(&job, &key, &api, &mut status, &active, &completed, now).await?;
+            let pods = JobPods { all: &pods, active: &active, occupied: &occupied, completed: &completed };
+            requeue = self.manage(&job, &key, &api, &mut status, pods, now).await?;
         }
         self.write_status(&jobs, &key, &mut version, &old, &status).await?;
         Ok(requeue.map_or_else(Action::await_change, Action::requeue))
     }
+}
+
+/// A Job's pods as one sync sees them.
+struct JobPods<'a> {
+    all: &'a [Arc<Pod>],
+    /// Running, not being deleted.
+    active: &'a [&'a Arc<Pod>],
+    /// Those holding a place a replacement would take: the active ones, and under
+    /// podReplacementPolicy Failed the terminating ones too.
+    occupied: &'a [&'a Arc<Pod>],
+    completed: &'a BTreeSet<i32>,
 }
 
 impl Jobs {
@@ -445,19 +543,20 @@ impl Jobs {
     }
 
     /// Suspends, fails, completes, or creates and deletes pods; returns when to look again.
-    #[allow(clippy::too_many_arguments)]
     async fn manage(
         &self,
         job: &Job,
         key: &str,
         api: &Api<Pod>,
         status: &mut JobStatus,
-        active: &[&Arc<Pod>],
-        completed: &BTreeSet<i32>,
+        pods: JobPods<'_>,
         now: Timestamp,
     ) -> Result<Option<Duration>, Error> {
+        let JobPods { all, active, occupied, completed } = pods;
         let spec = job.spec.clone().unwrap_or_default();
         let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+        let per_index = spec.backoff_limit_per_index.filter(|_| indexed);
+        let failed_indexes = parse_indexes(status.failed_indexes.as_deref().unwrap_or_default());
 
         if spec.suspend == Some(true) {
             if set_condition(status, "Suspended", "True", "JobSuspended", "Job suspended", now) {
@@ -474,59 +573,70 @@ impl Jobs {
         }
         let start = status.start_time.get_or_insert(Time(now)).clone();
 
-        // Failure: the backoff limit, or the deadline.
+        // Failure: decided before (a pod failure policy's FailJob), the backoff limit, or the deadline.
         let failed = status.failed.unwrap_or(0);
         let deadline = spec.active_deadline_seconds.map(|s| start.0 + SignedDuration::from_secs(s));
-        let failure = if failed > spec.backoff_limit.unwrap_or(6) {
-            Some(("BackoffLimitExceeded", "Job has reached the specified backoff limit"))
+        let target = status.conditions.iter().flatten().find(|c| c.type_ == "FailureTarget" && c.status == "True");
+        let failure = if let Some(c) = target {
+            Some((c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
+        } else if failed > spec.backoff_limit.unwrap_or(6) {
+            Some(("BackoffLimitExceeded".into(), "Job has reached the specified backoff limit".into()))
         } else if deadline.is_some_and(|d| d <= now) {
-            Some(("DeadlineExceeded", "Job was active longer than specified deadline"))
+            Some(("DeadlineExceeded".into(), "Job was active longer than specified deadline".into()))
+        } else if spec.max_failed_indexes.is_some_and(|m| failed_indexes.len() > m.max(0) as usize) {
+            let message = "Job has exceeded the specified maximal number of failed indexes";
+            Some(("MaxFailedIndexesExceeded".into(), message.into()))
+        } else if !failed_indexes.is_empty()
+            && completed.len() + failed_indexes.len() >= spec.completions.unwrap_or(0).max(0) as usize
+        {
+            Some(("FailedIndexes".into(), "Job has failed indexes".into()))
         } else {
             None
         };
-        if let Some((reason, message)) = failure.or_else(|| {
-            condition_true(status, "FailureTarget").then(|| {
-                let c = status.conditions.iter().flatten().find(|c| c.type_ == "FailureTarget");
-                let reason = c.and_then(|c| c.reason.clone()).unwrap_or_default();
-                if reason == "DeadlineExceeded" {
-                    ("DeadlineExceeded", "Job was active longer than specified deadline")
-                } else {
-                    ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-                }
-            })
-        }) {
-            set_condition(status, "FailureTarget", "True", reason, message, now);
+        if let Some((reason, message)) = failure {
+            set_condition(status, "FailureTarget", "True", &reason, &message, now);
             self.delete_pods(job, key, api, active).await?;
             if status.terminating.unwrap_or(0) == 0 && active.is_empty() {
-                if set_condition(status, "Failed", "True", reason, message, now) {
-                    self.event(job, EventType::Warning, reason, message.into());
+                if set_condition(status, "Failed", "True", &reason, &message, now) {
+                    self.event(job, EventType::Warning, &reason, message);
                 }
                 status.active = Some(0);
             }
             return Ok(None);
         }
 
-        // Success: every completion (or, with no completions, one success and nothing running).
+        // Success: decided before, a success policy rule, or every completion (or, with no
+        // completions, one success and nothing running).
         let succeeded = status.succeeded.unwrap_or(0);
         let met = match spec.completions {
             Some(c) => succeeded >= c,
             None => succeeded > 0,
         };
-        if met || condition_true(status, "SuccessCriteriaMet") {
-            let message = "Reached expected number of succeeded pods";
-            set_condition(status, "SuccessCriteriaMet", "True", "CompletionsReached", message, now);
+        let criteria =
+            status.conditions.iter().flatten().find(|c| c.type_ == "SuccessCriteriaMet" && c.status == "True");
+        let success = if let Some(c) = criteria {
+            Some((c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
+        } else if let Some(rule) = spec.success_policy.as_ref().and_then(|p| matched_success_rule(p, completed)) {
+            Some(("SuccessPolicy".to_string(), format!("Matched rules at index {rule}")))
+        } else {
+            met.then(|| ("CompletionsReached".to_string(), "Reached expected number of succeeded pods".to_string()))
+        };
+        if let Some((reason, message)) = success {
+            set_condition(status, "SuccessCriteriaMet", "True", &reason, &message, now);
             self.delete_pods(job, key, api, active).await?;
             if active.is_empty() && status.terminating.unwrap_or(0) == 0 {
                 status.completion_time.get_or_insert(Time(now));
-                if set_condition(status, "Complete", "True", "CompletionsReached", message, now) {
+                if set_condition(status, "Complete", "True", &reason, &message, now) {
                     self.event(job, EventType::Normal, "Completed", "Job completed".into());
                 }
             }
             return Ok(None);
         }
 
-        // Replacements wait out the failure backoff.
-        let backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied();
+        // Replacements wait out the failure backoff: the Job's, or with a backoff limit per index
+        // each index's own (below).
+        let backoff =
+            self.backoff.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied().filter(|_| per_index.is_none());
         if let Some((failures, at)) = backoff {
             let due = at + SignedDuration::try_from(failure_backoff(failures)).unwrap_or(SignedDuration::ZERO);
             if due > now {
@@ -536,12 +646,36 @@ impl Jobs {
         }
 
         let parallelism = spec.parallelism.unwrap_or(1).max(0) as usize;
+        let mut requeue = deadline.map(|d| d.duration_since(now).unsigned_abs());
         let wanted = if indexed {
-            let running: BTreeSet<i32> = active.iter().filter_map(|p| index_of(p)).collect();
-            let pending: Vec<i32> =
-                (0..spec.completions.unwrap_or(0)).filter(|i| !completed.contains(i) && !running.contains(i)).collect();
-            let room = parallelism.saturating_sub(active.len());
-            pending.into_iter().take(room.min(BURST)).map(Some).collect::<Vec<_>>()
+            let running: BTreeSet<i32> = occupied.iter().filter_map(|p| index_of(p)).collect();
+            let failures = if per_index.is_some() {
+                index_failures(all, spec.pod_failure_policy.as_ref())
+            } else {
+                HashMap::new()
+            };
+            let pending: Vec<(i32, i32)> = (0..spec.completions.unwrap_or(0))
+                .filter(|i| !completed.contains(i) && !running.contains(i) && !failed_indexes.contains(i))
+                .filter_map(|i| {
+                    let Some(&(count, at)) = failures.get(&i) else {
+                        return Some((i, 0));
+                    };
+                    let due =
+                        at + SignedDuration::try_from(failure_backoff(count as u32)).unwrap_or(SignedDuration::ZERO);
+                    if due <= now {
+                        return Some((i, count));
+                    }
+                    let wait = due.duration_since(now).unsigned_abs();
+                    requeue = Some(requeue.map_or(wait, |r: Duration| r.min(wait)));
+                    None
+                })
+                .collect();
+            let room = parallelism.saturating_sub(occupied.len());
+            pending
+                .into_iter()
+                .take(room.min(BURST))
+                .map(|(i, count)| Some((i, per_index.map(|_| count))))
+                .collect::<Vec<_>>()
         } else {
             let left = spec.completions.map_or(parallelism, |c| (c - succeeded).max(0) as usize);
             let want = parallelism.min(left);
@@ -549,19 +683,27 @@ impl Jobs {
                 let surplus: Vec<&Arc<Pod>> = active.iter().rev().take(active.len() - want).copied().collect();
                 self.delete_pods(job, key, api, &surplus).await?;
             }
-            vec![None; want.saturating_sub(active.len()).min(BURST)]
+            vec![None; want.saturating_sub(occupied.len()).min(BURST)]
         };
         self.create_pods(job, key, api, &wanted).await?;
-        Ok(deadline.map(|d| d.duration_since(now).unsigned_abs()))
+        Ok(requeue)
     }
 
-    async fn create_pods(&self, job: &Job, key: &str, api: &Api<Pod>, indexes: &[Option<i32>]) -> Result<(), Error> {
+    /// Creates pods: of no index, or of an index with (under a backoff limit per index) the
+    /// failures it had so far.
+    async fn create_pods(
+        &self,
+        job: &Job,
+        key: &str,
+        api: &Api<Pod>,
+        indexes: &[Option<(i32, Option<i32>)>],
+    ) -> Result<(), Error> {
         let params = PostParams::default();
         let mut batch = 1;
         let mut left = indexes;
         while !left.is_empty() {
             let (now, rest) = left.split_at(batch.min(left.len()));
-            let pods: Vec<Pod> = now.iter().map(|i| pod_from_template(job, *i)).collect();
+            let pods: Vec<Pod> = now.iter().map(|slot| pod_from_template(job, *slot)).collect();
             let created = join_all(pods.iter().map(|p| api.create(&params, p))).await;
             let mut failed = None;
             for result in created {
@@ -620,8 +762,10 @@ impl Jobs {
 }
 
 /// A pod of the Job's template, with the tracking finalizer; an Indexed Job's carries its index
-/// (annotation, label, `JOB_COMPLETION_INDEX`, hostname `<job>-<index>`).
-fn pod_from_template(job: &Job, index: Option<i32>) -> Pod {
+/// (annotation, label, `JOB_COMPLETION_INDEX`, hostname `<job>-<index>`) and, under a backoff
+/// limit per index, the failures of that index so far.
+fn pod_from_template(job: &Job, slot: Option<(i32, Option<i32>)>) -> Pod {
+    let index = slot.map(|(i, _)| i);
     let spec = job.spec.clone().unwrap_or_default();
     let meta = spec.template.metadata.unwrap_or_default();
     let name = job.name_any();
@@ -642,6 +786,12 @@ fn pod_from_template(job: &Job, index: Option<i32>) -> Pod {
         spec: spec.template.spec,
         status: None,
     };
+    if let Some((_, Some(failures))) = slot {
+        pod.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(INDEX_FAILURES.into(), failures.to_string());
+    }
     if let Some(i) = index {
         let text = i.to_string();
         pod.metadata.annotations.get_or_insert_with(Default::default).insert(INDEX.into(), text.clone());
@@ -698,10 +848,50 @@ mod tests {
             )
         };
         let pods = [pod("a", "Failed"), pod("b", "Succeeded"), pod("c", "Running")];
-        assert_eq!(newly_finished(&pods, &HashSet::new()), [("a".into(), false), ("b".into(), true)]);
+        let uids = |seen: &HashSet<String>| -> Vec<(String, bool)> {
+            newly_finished(&pods, seen, false).into_iter().map(|(p, ok)| (p.uid().unwrap_or_default(), ok)).collect()
+        };
+        assert_eq!(uids(&HashSet::new()), [("a".into(), false), ("b".into(), true)]);
         // "a" was counted and its finalizer removed; the cache still shows the old copy.
-        let seen = HashSet::from(["a".to_string()]);
-        assert_eq!(newly_finished(&pods, &seen), [("b".into(), true)]);
+        assert_eq!(uids(&HashSet::from(["a".to_string()])), [("b".into(), true)]);
+    }
+
+    #[test]
+    fn success_policy_rules_match_as_upstream() {
+        let policy: SuccessPolicy = serde_json::from_value(json!({"rules": [
+            {"succeededIndexes": "0-2", "succeededCount": 2}, {"succeededIndexes": "4"}, {"succeededCount": 3}]}))
+        .unwrap();
+        let matched = |done: &[i32]| matched_success_rule(&policy, &done.iter().copied().collect());
+        assert_eq!(matched(&[0, 3]), None);
+        assert_eq!(matched(&[0, 2]), Some(0));
+        assert_eq!(matched(&[4]), Some(1));
+        assert_eq!(matched(&[3, 5, 6]), Some(2));
+    }
+
+    #[test]
+    fn an_index_counts_the_failures_of_its_pods() {
+        let pod = |index: i32, before: i32, code: i32, at: &str| -> Arc<Pod> {
+            Arc::new(
+                serde_json::from_value(json!({"metadata": {"name": "p", "annotations": {
+                    INDEX: index.to_string(), INDEX_FAILURES: before.to_string()}},
+                    "status": {"phase": "Failed", "containerStatuses": [{"name": "c", "image": "i", "imageID": "",
+                        "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": code, "finishedAt": at}}}]}}))
+                .unwrap(),
+            )
+        };
+        let policy: PodFailurePolicy = serde_json::from_value(json!({"rules": [
+            {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [3]}}]}))
+        .unwrap();
+        let pods = [
+            pod(0, 0, 1, "2026-01-01T00:00:00Z"),
+            pod(0, 1, 1, "2026-01-01T00:01:00Z"),
+            pod(1, 0, 3, "2026-01-01T00:02:00Z"),
+        ];
+        let failures = index_failures(&pods, Some(&policy));
+        assert_eq!(failures[&0], (2, "2026-01-01T00:01:00Z".parse().unwrap()));
+        // An ignored failure is not one.
+        assert_eq!(failures[&1].0, 0);
+        assert_eq!(index_failures_before(&pods[1]), 1);
     }
 
     #[test]
@@ -710,7 +900,12 @@ mod tests {
             "spec": {"completionMode": "Indexed", "completions": 3, "template": {"metadata": {"labels": {"a": "b"}},
                 "spec": {"restartPolicy": "Never", "containers": [{"name": "c"}]}}}}))
         .unwrap();
-        let pod = pod_from_template(&job, Some(2));
+        assert_eq!(
+            pod_from_template(&job, Some((2, Some(1)))).annotations().get(INDEX_FAILURES).map(String::as_str),
+            Some("1")
+        );
+        let pod = pod_from_template(&job, Some((2, None)));
+        assert!(!pod.annotations().contains_key(INDEX_FAILURES));
         assert_eq!(pod.metadata.generate_name.as_deref(), Some("work-2-"));
         assert_eq!(pod.annotations().get(INDEX).map(String::as_str), Some("2"));
         assert!(has_finalizer(&pod));

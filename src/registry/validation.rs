@@ -14,6 +14,7 @@ pub enum ErrorType {
     Forbidden,
     Duplicate,
     TooLong,
+    TooMany,
 }
 
 impl ErrorType {
@@ -26,6 +27,7 @@ impl ErrorType {
             ErrorType::Forbidden => "FieldValueForbidden",
             ErrorType::Duplicate => "FieldValueDuplicate",
             ErrorType::TooLong => "FieldValueTooLong",
+            ErrorType::TooMany => "FieldValueTooMany",
         }
     }
 }
@@ -76,6 +78,18 @@ impl FieldError {
             kind: ErrorType::Duplicate,
             field: field.into(),
             detail: format!("Duplicate value: {:?}", value.to_string()),
+        }
+    }
+    /// `Duplicate value: 11`: a value upstream prints unquoted.
+    pub fn duplicate_raw(field: impl Into<String>, value: impl fmt::Display) -> Self {
+        Self { kind: ErrorType::Duplicate, field: field.into(), detail: format!("Duplicate value: {value}") }
+    }
+    /// `Too many: 21: must have at most 20 items`.
+    pub fn too_many(field: impl Into<String>, count: usize, max: usize) -> Self {
+        Self {
+            kind: ErrorType::TooMany,
+            field: field.into(),
+            detail: format!("Too many: {count}: must have at most {max} items"),
         }
     }
     pub fn too_long(field: impl Into<String>, max: usize) -> Self {

@@ -450,9 +450,8 @@ fn validate_spec_at(spec: &JobSpec, path: &str, out: &mut ErrorList) {
                 format!("must be less than or equal to {MAX_INDEXED} when completion mode is Indexed"),
             ));
         }
-    } else if let Some(b) = spec.backoff_limit_per_index {
-        out.push(FieldError::invalid_raw(at("backoffLimitPerIndex"), b, "requires indexed completion mode"));
     }
+    super::job_policies::validate(spec, path, out);
     validate_template(&spec.template, &at("template"), out);
     let restart = spec.template.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_default();
     if restart != "OnFailure" && restart != "Never" {

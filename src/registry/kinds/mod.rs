@@ -39,6 +39,7 @@ pub mod batch;
 mod config;
 mod coordination;
 mod event;
+mod job_policies;
 mod namespace;
 mod node;
 pub mod pod;
