@@ -54,6 +54,14 @@ pub struct Jobs {
     client: Client,
     pods: Cache<Pod>,
     expectations: Expectations,
+    memory: Arc<Memory>,
+    recorder: Recorder,
+}
+
+/// What the controller remembers of each Job (keyed `namespace/name`) between syncs; forgotten
+/// when the Job is deleted.
+#[derive(Default)]
+struct Memory {
     /// Per Job: failures since the last success and when the last one finished (upstream's
     /// backoff records), for the delay before a replacement.
     backoff: Mutex<HashMap<String, (u32, Timestamp)>>,
@@ -63,7 +71,14 @@ pub struct Jobs {
     /// Per Job: pods already counted whose finalizer removal the pod cache has not shown yet
     /// (upstream's finalizer expectations); they are never counted twice.
     unfinalized: Mutex<HashMap<String, HashSet<String>>>,
-    recorder: Recorder,
+}
+
+impl Memory {
+    fn forget(&self, key: &str) {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.written.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.unfinalized.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
 }
 
 /// Starts the controller on the shared pod watch, and the sweeper that lets go of the pods of
@@ -74,14 +89,14 @@ pub fn spawn(client: &Client, jobs: &mut Informer<Job>, pods: &mut Informer<Pod>
         pods.subscribe().filter_map(|p| std::future::ready(p.ok().map(|p| Change::Pod(Box::new(p))))),
         jobs.subscribe().filter_map(|j| std::future::ready(j.ok().map(|j| Change::Job(Box::new(j))))),
     );
-    tokio::spawn(release_orphans(client.clone(), jobs.cache(), pods.cache(), changes, shutdown.clone()));
+    let memory = Arc::new(Memory::default());
+    let caches = (jobs.cache(), pods.cache());
+    tokio::spawn(release_orphans(client.clone(), caches, memory.clone(), changes, shutdown.clone()));
     let reconciler = Jobs {
         client: client.clone(),
         pods: pods.cache(),
         expectations: Expectations::default(),
-        backoff: Mutex::new(HashMap::new()),
-        written: Mutex::new(HashMap::new()),
-        unfinalized: Mutex::new(HashMap::new()),
+        memory,
         recorder: Recorder::spawn(client.clone(), "job-controller".into(), String::new()),
     };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
@@ -116,12 +131,12 @@ enum Change {
 }
 
 /// Upstream's orphan-pod handling: a pod keeping the tracking finalizer whose Job is gone is let
-/// go. Looked for when a pod changes, over a Job's pods when the Job is deleted (`deleteJob`), and
-/// over every pod once both caches are first filled.
+/// go. Looked for when a pod changes, over a Job's pods when the Job is deleted (`deleteJob`, which
+/// also drops the controller's memory of it), and over every pod once both caches are first filled.
 async fn release_orphans(
     client: Client,
-    jobs: Cache<Job>,
-    pods: Cache<Pod>,
+    (jobs, pods): (Cache<Job>, Cache<Pod>),
+    memory: Arc<Memory>,
     changes: impl futures::Stream<Item = Change>,
     shutdown: CancellationToken,
 ) {
@@ -149,6 +164,7 @@ async fn release_orphans(
                     if jobs.get(&ObjectRef::from_obj(&job)).is_some_and(|j| j.uid() == uid) {
                         continue;
                     }
+                    memory.forget(&format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any()));
                     let orphans = pods.state().into_iter().filter(|p| controller_of(&p.metadata).map(|r| &r.uid) == uid.as_ref());
                     for pod in orphans {
                         release_if_orphan(&client, &jobs, &pod).await;
@@ -348,7 +364,7 @@ impl Reconciler for Jobs {
         let rv = |j: &Job| j.resource_version().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         let mut version = rv(&job);
         {
-            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            let mut written = self.memory.written.lock().unwrap_or_else(|e| e.into_inner());
             match written.get(&key) {
                 Some(w) if *w > version => return Ok(Action::await_change()),
                 Some(_) => {
@@ -377,7 +393,7 @@ impl Reconciler for Jobs {
 
         // Pods counted earlier whose cached copy still shows the finalizer are left alone.
         let counted: HashSet<String> = {
-            let mut unfinalized = self.unfinalized.lock().unwrap_or_else(|e| e.into_inner());
+            let mut unfinalized = self.memory.unfinalized.lock().unwrap_or_else(|e| e.into_inner());
             let entry = unfinalized.entry(key.clone()).or_default();
             entry.retain(|uid| pods.iter().any(|p| has_finalizer(p) && p.uid().as_ref() == Some(uid)));
             let counted = entry.clone();
@@ -395,7 +411,7 @@ impl Reconciler for Jobs {
         let mut ignored = Vec::new();
         for (pod, ok) in &newly {
             let uid = pod.uid().unwrap_or_default();
-            let mut backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+            let mut backoff = self.memory.backoff.lock().unwrap_or_else(|e| e.into_inner());
             if *ok {
                 new_succeeded.push(uid);
                 backoff.remove(&key);
@@ -447,7 +463,7 @@ impl Reconciler for Jobs {
             return Err(e.into());
         }
         if !recorded.is_empty() {
-            let mut unfinalized = self.unfinalized.lock().unwrap_or_else(|e| e.into_inner());
+            let mut unfinalized = self.memory.unfinalized.lock().unwrap_or_else(|e| e.into_inner());
             unfinalized.entry(key.clone()).or_default().extend(recorded.iter().filter_map(|p| p.uid()));
         }
         let by_uid: HashMap<String, &Arc<Pod>> = pods.iter().filter_map(|p| Some((p.uid()?, p))).collect();
@@ -480,7 +496,7 @@ impl Reconciler for Jobs {
 
         let mut requeue = None;
         if done {
-            self.backoff.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            self.memory.backoff.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         } else if satisfied {
             let pods = JobPods { all: &pods, active: &active, occupied: &occupied, completed: &completed };
             requeue = self.manage(&job, &key, &api, &mut status, pods, now).await?;
@@ -534,7 +550,7 @@ impl Jobs {
         }
         let written = jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&body)).await?;
         *version = written.resource_version().and_then(|v| v.parse().ok()).unwrap_or(*version);
-        self.written.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), *version);
+        self.memory.written.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), *version);
         Ok(())
     }
 
@@ -635,8 +651,14 @@ impl Jobs {
 
         // Replacements wait out the failure backoff: the Job's, or with a backoff limit per index
         // each index's own (below).
-        let backoff =
-            self.backoff.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied().filter(|_| per_index.is_none());
+        let backoff = self
+            .memory
+            .backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .copied()
+            .filter(|_| per_index.is_none());
         if let Some((failures, at)) = backoff {
             let due = at + SignedDuration::try_from(failure_backoff(failures)).unwrap_or(SignedDuration::ZERO);
             if due > now {
