@@ -223,6 +223,9 @@ async fn start_control_plane(
             },
             devices: cfg.devices.clone(),
             gpus: cfg.gpus.clone(),
+            // No cluster DNS serves yet: ClusterFirst pods get the host's resolvers, as kubelet
+            // without --cluster-dns. `ClusterDns::default()` once `dns::run` listens on 10.43.0.10.
+            cluster_dns: agent::dns::ClusterDns { servers: Vec::new(), domain: crate::dns::DEFAULT_DOMAIN.into() },
         };
         let client = client::in_process(app.clone(), client::node(&cfg.node_name));
         agent::start(client, cri, agent, endpoint, shutdown.clone());

@@ -98,6 +98,8 @@ pub struct Host {
     pub plugin_dirs: crate::csi::PluginDirs,
     /// The device plugins' resources and what each container was given of them.
     pub devices: crate::devices::Manager,
+    /// The cluster DNS pods are pointed at (kubelet's `--cluster-dns`, `--cluster-domain`).
+    pub cluster_dns: super::dns::ClusterDns,
 }
 
 impl Host {

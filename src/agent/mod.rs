@@ -7,8 +7,10 @@
 pub mod backoff;
 pub mod cluster;
 pub mod context;
+pub mod dns;
 pub mod endpoint;
 pub mod env;
+// Not called yet: the agent does not watch Services (see `service_env` for what it needs).
 #[cfg(test)]
 pub mod fake;
 pub mod logs;
@@ -66,6 +68,8 @@ pub struct Config {
     pub devices: Vec<crate::devices::generic::DeviceGlob>,
     /// The NVIDIA GPUs found at start (none with `--disable-gpu`), offered as `nvidia.com/gpu`.
     pub gpus: Option<crate::devices::nvidia::Gpus>,
+    /// The cluster DNS pods are pointed at (k3s: 10.43.0.10, cluster.local).
+    pub cluster_dns: dns::ClusterDns,
 }
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
@@ -158,6 +162,7 @@ pub fn start(
         csi_drivers: csi_drivers.clone(),
         plugin_dirs: storage.plugin_dirs(),
         devices: devices.clone(),
+        cluster_dns: cfg.cluster_dns.clone(),
     };
     let heartbeat = Heartbeat {
         nodes: Api::all(client.clone()),

@@ -48,6 +48,7 @@ pub struct Settings {
     pub csi_drivers: crate::csi::client::Drivers,
     pub plugin_dirs: crate::csi::PluginDirs,
     pub devices: crate::devices::Manager,
+    pub cluster_dns: super::dns::ClusterDns,
 }
 
 struct Handle {
@@ -117,6 +118,7 @@ pub fn start(
         csi_drivers: settings.csi_drivers,
         plugin_dirs: settings.plugin_dirs,
         devices: settings.devices,
+        cluster_dns: settings.cluster_dns,
     };
     let api = Arc::new(ClientApi::new(client.clone(), settings.node_name));
     let probes = ProbeManager::new(exec.clone(), probe_tx);

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, SecurityContext};
 use sha2::{Digest, Sha256};
 
 use super::status::keys;
+use crate::dns::resolv::host_resolv_conf;
 use crate::registry::kinds::pod_rules::ephemeral_as_container;
 use crate::runtime::cri;
 
@@ -136,56 +137,15 @@ fn protocol(p: Option<&str>) -> i32 {
     }
 }
 
-/// The node's resolver configuration for pods: `/etc/resolv.conf`, or systemd-resolved's upstream
-/// file when that one points at the local stub (127.0.0.53 is unreachable from a pod), as k3s does.
-fn host_resolv_conf() -> String {
-    let etc = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    let loopback = etc.lines().any(|l| {
-        let mut w = l.split_whitespace();
-        w.next() == Some("nameserver") && w.next().is_some_and(|ip| ip.starts_with("127.") || ip == "::1")
-    });
-    if loopback && let Ok(resolved) = std::fs::read_to_string("/run/systemd/resolve/resolv.conf") {
-        return resolved;
-    }
-    etc
-}
-
-/// The pod's DNS settings: `None` policy takes `dnsConfig` alone; the others start from the node's
-/// resolver (cairn runs no cluster DNS yet, so `ClusterFirst` falls back to `Default`, as kubelet
-/// does without `--cluster-dns`) with `dnsConfig` merged in.
-fn dns_config(pod: &Pod) -> Option<cri::DnsConfig> {
-    let spec = pod.spec.as_ref()?;
-    let mut dns = cri::DnsConfig::default();
-    if spec.dns_policy.as_deref() != Some("None") {
-        for line in host_resolv_conf().lines() {
-            let mut words = line.split_whitespace();
-            match words.next() {
-                Some("nameserver") => dns.servers.extend(words.map(String::from)),
-                Some("search") => dns.searches.extend(words.map(String::from)),
-                Some("options") => dns.options.extend(words.map(String::from)),
-                _ => {}
-            }
-        }
-    }
-    if let Some(extra) = spec.dns_config.clone() {
-        dns.servers.extend(extra.nameservers.unwrap_or_default());
-        dns.searches.extend(extra.searches.unwrap_or_default());
-        for o in extra.options.unwrap_or_default() {
-            let Some(name) = o.name else { continue };
-            dns.options.retain(|x| x.split(':').next() != Some(name.as_str()));
-            dns.options.push(match o.value {
-                Some(v) => format!("{name}:{v}"),
-                None => name,
-            });
-        }
-    }
-    dns.servers.dedup();
-    dns.searches.dedup();
-    Some(dns)
-}
-
-/// The sandbox configuration of `pod`.
-pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_parent: String) -> cri::PodSandboxConfig {
+/// The sandbox configuration of `pod`; its resolver settings from `cluster_dns` and the host's
+/// resolv.conf (`agent::dns::pod_dns`).
+pub fn sandbox_config(
+    pod: &Pod,
+    attempt: u32,
+    log_dir: &Path,
+    cgroup_parent: String,
+    cluster_dns: &super::dns::ClusterDns,
+) -> cri::PodSandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
     let mut labels = pod.metadata.labels.clone().unwrap_or_default().into_iter().collect::<HashMap<_, _>>();
     labels.extend(pod_labels(pod));
@@ -223,7 +183,7 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, log_dir: &Path, cgroup_parent: St
         }),
         hostname,
         log_directory: log_dir.display().to_string(),
-        dns_config: dns_config(pod),
+        dns_config: pod.spec.as_ref().map(|_| super::dns::pod_dns(pod, cluster_dns, &host_resolv_conf()).config),
         port_mappings,
         labels,
         annotations: pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
@@ -385,7 +345,13 @@ mod tests {
             "spec": {"hostPID": true, "containers": [{"name": "c", "image": "busybox",
                 "ports": [{"containerPort": 80, "hostPort": 8080}, {"containerPort": 53, "protocol": "UDP"}]}]}
         }));
-        let cfg = sandbox_config(&p, 2, Path::new("/logs/ns_web_u1"), "/kubepods/besteffort/podu1".into());
+        let cfg = sandbox_config(
+            &p,
+            2,
+            Path::new("/logs/ns_web_u1"),
+            "/kubepods/besteffort/podu1".into(),
+            &crate::agent::dns::ClusterDns::default(),
+        );
         let meta = cfg.metadata.unwrap();
         assert_eq!(
             (meta.name.as_str(), meta.namespace.as_str(), meta.uid.as_str(), meta.attempt),

@@ -416,7 +416,13 @@ impl Worker {
                         "Pod sandbox changed, it will be killed and re-created.".into(),
                     );
                 }
-                let config = spec::sandbox_config(&pod, attempt, &self.ctx.log_dir(&pod), cgroup_parent.clone());
+                let config = spec::sandbox_config(
+                    &pod,
+                    attempt,
+                    &self.ctx.log_dir(&pod),
+                    cgroup_parent.clone(),
+                    &self.ctx.host.cluster_dns,
+                );
                 let handler = match spec.runtime_class_name.as_deref().filter(|c| !c.is_empty()) {
                     None => Ok(String::new()),
                     Some(class) => self.ctx.api.runtime_handler(class).await,
@@ -665,6 +671,7 @@ impl Worker {
                     sandbox.attempt,
                     &self.ctx.log_dir(pod),
                     sandbox.cgroup_parent.to_string(),
+                    &self.ctx.host.cluster_dns,
                 )),
             })
             .await;

@@ -79,6 +79,7 @@ fn start(runtime: Arc<FakeRuntime>, pod: Pod) -> Harness {
         csi_drivers: Default::default(),
         plugin_dirs: crate::csi::PluginDirs { root: dir.path().join("kubelet") },
         devices: Default::default(),
+        cluster_dns: Default::default(),
     };
     let probes = ProbeManager::new(exec.clone(), probe_tx);
     let health = Arc::new(RuntimeHealth::default());
