@@ -10,7 +10,6 @@ pub mod context;
 pub mod dns;
 pub mod endpoint;
 pub mod env;
-// Not called yet: the agent does not watch Services (see `service_env` for what it needs).
 #[cfg(test)]
 pub mod fake;
 pub mod logs;
@@ -20,6 +19,9 @@ pub mod pods;
 pub mod portforward;
 pub mod probes;
 pub mod runtime;
+// Not called yet: the agent does not list Services (see `service_env`).
+#[allow(dead_code)]
+pub mod service_env;
 pub mod sessions;
 pub mod spec;
 pub mod stats;
