@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub devices: Vec<crate::devices::generic::DeviceGlob>,
     /// The NVIDIA GPUs found at start.
     pub gpus: Option<crate::devices::nvidia::Gpus>,
+    /// `--service-cidr` and `--service-node-port-range`.
+    pub service_ranges: registry::ServiceRanges,
     /// `--kubelet-root-dir`: plugin registration and CSI staging.
     pub kubelet_root_dir: PathBuf,
     /// `--default-local-storage-path`: the built-in driver's volumes.
@@ -165,7 +167,7 @@ async fn start_control_plane(
     let mut tokens = Tokens::default();
     tokens.add(token, User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] });
 
-    let registry = Registry::new(store);
+    let registry = Registry::new(store).with_service_ranges(cfg.service_ranges);
     registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
     registry::bootstrap::local_storage(&registry, &cfg.data_dir.join("server"))
         .await
@@ -179,6 +181,8 @@ async fn start_control_plane(
     } else {
         local
     };
+    registry::bootstrap::kubernetes_service(&registry, advertised).await.context("creating the kubernetes Service")?;
+    registry.spawn_service_repair(shutdown.clone());
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
     let app = api::router(state.clone());

@@ -13,6 +13,8 @@ mod cronjob;
 mod daemonset;
 mod deployment;
 mod disruption;
+mod endpoints;
+mod endpointslice;
 mod ephemeral;
 mod event_ttl;
 mod expectations;
@@ -33,7 +35,7 @@ mod ttl_after_finished;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 
@@ -88,6 +90,9 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     job::spawn(client, &mut jobs, &mut pods, shutdown);
     cronjob::spawn(client, &mut jobs, shutdown);
     disruption::spawn(client, &mut pods, shutdown);
+    let mut services = informer::Informer::new(Api::<Service>::all(client.clone()), watcher::Config::default());
+    endpoints::spawn(client, &mut services, &mut pods, shutdown);
+    endpointslice::spawn(client, &mut services, &mut pods, shutdown);
     let revisions = informer::Informer::new(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default());
     let claims = informer::Informer::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default());
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);
@@ -104,4 +109,5 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     revisions.spawn(shutdown.clone());
     claims.spawn(shutdown.clone());
     nodes.spawn(shutdown.clone());
+    services.spawn(shutdown.clone());
 }
