@@ -78,7 +78,14 @@ fn defaults(svc: &mut Service) {
         let client = config.client_ip.get_or_insert_with(ClientIPConfig::default);
         client.timeout_seconds.get_or_insert(DEFAULT_AFFINITY_SECONDS);
     }
+    // 0 is "none" (clients send it): stored as absent, as upstream's omitempty does.
+    if spec.health_check_node_port == Some(0) {
+        spec.health_check_node_port = None;
+    }
     for port in spec.ports.iter_mut().flatten() {
+        if port.node_port == Some(0) {
+            port.node_port = None;
+        }
         if opt(&port.protocol).is_empty() {
             port.protocol = Some("TCP".into());
         }
