@@ -163,7 +163,7 @@ fn check_refusals(s: &Server) {
         r#"{"spec": {"clusterIP": "10.43.200.8", "clusterIPs": ["10.43.200.8"]}}"#,
     ]);
     assert!(err.contains("may not change once set"), "{err}");
-    // A LoadBalancer is pending until something gives it an address; ExternalName has none.
+    // ExternalName has no cluster IP.
     s.ok(&["create", "service", "externalname", "ext", "--external-name=example.com"]);
     let row = s.ok(&["get", "svc", "ext", "--no-headers"]);
     assert!(row.contains("ExternalName") && row.contains("<none>") && row.contains("example.com"), "{row}");
@@ -173,11 +173,32 @@ fn check_refusals(s: &Server) {
     );
 }
 
+/// LoadBalancer Services get the Ready nodes' addresses; a port already balanced stays pending.
+fn check_load_balancer(s: &Server) {
+    s.ok_stdin(&["create", "-f", "-"], r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "lb-node"}}"#);
+    let status = r#"{"status": {"conditions": [{"type": "Ready", "status": "True"}],
+        "addresses": [{"type": "InternalIP", "address": "192.0.2.10"}, {"type": "Hostname", "address": "lb-node"}]}}"#;
+    s.ok(&["patch", "node", "lb-node", "--subresource=status", "--type=merge", "-p", status]);
+    s.ok(&["create", "service", "loadbalancer", "lb", "--tcp=8081:8080"]);
+    let ingress = |name: &str| get(s, &["svc", name], "{.status.loadBalancer.ingress[*].ip}");
+    eventually(10, || (ingress("lb") == "192.0.2.10").then_some(()));
+    let row = s.ok(&["get", "svc", "lb", "--no-headers"]);
+    assert!(row.contains("LoadBalancer") && row.contains("192.0.2.10") && row.contains("8081:3"), "{row}");
+    s.ok(&["create", "service", "loadbalancer", "lb2", "--tcp=8081:8080"]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(s.ok(&["get", "svc", "lb2", "--no-headers"]).contains("<pending>"));
+    s.ok(&["delete", "svc", "lb"]);
+    eventually(10, || (ingress("lb2") == "192.0.2.10").then_some(()));
+    s.ok(&["delete", "svc", "lb2"]);
+    s.ok(&["delete", "node", "lb-node"]);
+}
+
 #[test]
 fn services_endpoints_and_their_refusals() {
     let s = Server::start();
     check_kubernetes_service(&s);
     check_refusals(&s);
+    check_load_balancer(&s);
     check_expose_and_endpoints(&s);
 }
 

@@ -30,6 +30,7 @@ pub mod protection;
 mod replicaset;
 pub mod runtime;
 mod serviceaccount;
+mod servicelb;
 mod statefulset;
 mod ttl_after_finished;
 
@@ -98,6 +99,7 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);
     let mut nodes = informer::Informer::new(Api::<Node>::all(client.clone()), watcher::Config::default());
     daemonset::spawn(client, &mut pods, &mut nodes, &revisions, shutdown);
+    servicelb::spawn(client, &mut services, &mut nodes, shutdown);
     tokio::spawn(runtime::run(
         ttl_after_finished::controller(client),
         ttl_after_finished::TtlAfterFinished { client: client.clone() },
