@@ -208,6 +208,21 @@ struct ServerArgs {
     /// Do not run the scheduler in this process
     #[arg(long)]
     disable_scheduler: bool,
+    /// Do not run the service proxy (kube-proxy's job) on this node
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    disable_kube_proxy: bool,
+    /// Built-in components not to run: coredns (the cluster DNS), servicelb (the load balancer)
+    #[arg(long, value_delimiter = ',')]
+    disable: Vec<String>,
+    /// Address of the cluster DNS, in the service CIDR (kubelet's --cluster-dns)
+    #[arg(long, default_value = "10.43.0.10")]
+    cluster_dns: std::net::Ipv4Addr,
+    /// Domain of the cluster (kubelet's --cluster-domain)
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// resolv.conf whose resolvers the cluster DNS forwards to and `dnsPolicy: Default` pods get (kubelet's --resolv-conf) [default: /etc/resolv.conf, or systemd-resolved's upstreams when it lists only 127.0.0.53]
+    #[arg(long)]
+    resolv_conf: Option<PathBuf>,
     /// KubeSchedulerConfiguration file (kubescheduler.config.k8s.io/v1): profiles, plugins, weights
     #[arg(long)]
     scheduler_config: Option<PathBuf>,
@@ -395,6 +410,31 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
                 )
             })?,
     };
+    for component in &args.disable {
+        if !["coredns", "servicelb"].contains(&component.as_str()) {
+            anyhow::bail!("invalid --disable {component:?}: cairn's built-in components are coredns and servicelb");
+        }
+    }
+    if !service_ranges.cidr.contains(args.cluster_dns) {
+        anyhow::bail!(
+            "invalid cluster-dns {}: it must be in the service CIDR {}",
+            args.cluster_dns,
+            service_ranges.cidr.net()
+        );
+    }
+    let validation_errors = registry::validation::is_dns1123_subdomain(&args.cluster_domain);
+    if !validation_errors.is_empty() {
+        anyhow::bail!("invalid cluster-domain {:?}: {}", args.cluster_domain, validation_errors.join("; "));
+    }
+    let services = server::ServicesConfig {
+        ranges: service_ranges,
+        cluster_dns: args.cluster_dns,
+        cluster_domain: args.cluster_domain.clone(),
+        resolv_conf: args.resolv_conf.clone(),
+        dns: !args.disable.iter().any(|c| c == "coredns"),
+        servicelb: !args.disable.iter().any(|c| c == "servicelb"),
+        proxy: !args.disable_kube_proxy,
+    };
     let gpus = (!args.disable_agent && !args.disable_gpu)
         .then(|| devices::nvidia::Gpus::discover(&args.gpu_discovery_root))
         .flatten();
@@ -449,7 +489,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     let devices =
         args.devices.iter().map(|d| d.parse()).collect::<Result<Vec<_>, String>>().map_err(anyhow::Error::msg)?;
     Ok(server::ServerConfig {
-        service_ranges,
+        services,
         devices,
         gpus,
         runtime,

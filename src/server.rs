@@ -44,12 +44,28 @@ pub struct ServerConfig {
     pub devices: Vec<crate::devices::generic::DeviceGlob>,
     /// The NVIDIA GPUs found at start.
     pub gpus: Option<crate::devices::nvidia::Gpus>,
-    /// `--service-cidr` and `--service-node-port-range`.
-    pub service_ranges: registry::ServiceRanges,
+    pub services: ServicesConfig,
     /// `--kubelet-root-dir`: plugin registration and CSI staging.
     pub kubelet_root_dir: PathBuf,
     /// `--default-local-storage-path`: the built-in driver's volumes.
     pub local_storage_path: PathBuf,
+}
+
+/// How Services are served: their ranges, the cluster DNS and which built-in parts run.
+#[derive(Debug, Clone)]
+pub struct ServicesConfig {
+    /// `--service-cidr` and `--service-node-port-range`.
+    pub ranges: registry::ServiceRanges,
+    /// `--cluster-dns`, `--cluster-domain`, `--resolv-conf`.
+    pub cluster_dns: std::net::Ipv4Addr,
+    pub cluster_domain: String,
+    pub resolv_conf: Option<PathBuf>,
+    /// The cluster DNS (`--disable coredns` turns it off).
+    pub dns: bool,
+    /// The built-in load balancer (`--disable servicelb`).
+    pub servicelb: bool,
+    /// The service proxy (`--disable-kube-proxy`).
+    pub proxy: bool,
 }
 
 impl ServerConfig {
@@ -167,7 +183,7 @@ async fn start_control_plane(
     let mut tokens = Tokens::default();
     tokens.add(token, User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] });
 
-    let registry = Registry::new(store).with_service_ranges(cfg.service_ranges);
+    let registry = Registry::new(store).with_service_ranges(cfg.services.ranges);
     registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
     registry::bootstrap::local_storage(&registry, &cfg.data_dir.join("server"))
         .await
@@ -182,6 +198,11 @@ async fn start_control_plane(
         local
     };
     registry::bootstrap::kubernetes_service(&registry, advertised).await.context("creating the kubernetes Service")?;
+    if cfg.services.dns {
+        registry::bootstrap::kube_dns_service(&registry, cfg.services.cluster_dns)
+            .await
+            .context("creating the kube-dns Service")?;
+    }
     registry.spawn_service_repair(shutdown.clone());
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
@@ -237,7 +258,7 @@ async fn start_control_plane(
         .with_context(|| format!("writing the kubeconfig {}", cfg.write_kubeconfig.display()))?;
 
     let controller_client = client::in_process(app, client::controller_manager());
-    controllers::spawn_all(&controller_client, &shutdown);
+    controllers::spawn_all(&controller_client, cfg.services.servicelb, &shutdown);
     let kubeconfig = cfg.write_kubeconfig.clone();
     let renew_url = url.clone();
     let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, move |p| {

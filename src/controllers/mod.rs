@@ -44,7 +44,8 @@ pub use ephemeral::is_for_pod as ephemeral_is_for_pod;
 use tokio_util::sync::CancellationToken;
 
 /// Starts every controller; they stop when `shutdown` fires.
-pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
+/// Starts every controller; `servicelb` says whether the built-in load balancer is one of them.
+pub fn spawn_all(client: &Client, servicelb: bool, shutdown: &CancellationToken) {
     tokio::spawn(runtime::run(
         namespace::controller(client),
         namespace::Namespaces { client: client.clone() },
@@ -99,7 +100,9 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);
     let mut nodes = informer::Informer::new(Api::<Node>::all(client.clone()), watcher::Config::default());
     daemonset::spawn(client, &mut pods, &mut nodes, &revisions, shutdown);
-    servicelb::spawn(client, &mut services, &mut nodes, shutdown);
+    if servicelb {
+        servicelb::spawn(client, &mut services, &mut nodes, shutdown);
+    }
     tokio::spawn(runtime::run(
         ttl_after_finished::controller(client),
         ttl_after_finished::TtlAfterFinished { client: client.clone() },
