@@ -11,6 +11,8 @@ mod devices;
 mod events;
 mod labels;
 mod net;
+#[allow(dead_code)] // wired by server.rs
+mod proxy;
 mod registry;
 mod runtime;
 mod scheduler;
