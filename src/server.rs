@@ -51,17 +51,11 @@ pub struct ServerConfig {
     pub local_storage_path: PathBuf,
 }
 
-/// How Services are served: their ranges, the cluster DNS and which built-in parts run.
+/// How Services are served: their ranges and which built-in parts run.
 #[derive(Debug, Clone)]
 pub struct ServicesConfig {
     /// `--service-cidr` and `--service-node-port-range`.
     pub ranges: registry::ServiceRanges,
-    /// `--cluster-dns`, `--cluster-domain`, `--resolv-conf`.
-    pub cluster_dns: std::net::Ipv4Addr,
-    pub cluster_domain: String,
-    pub resolv_conf: Option<PathBuf>,
-    /// The cluster DNS (`--disable coredns` turns it off).
-    pub dns: bool,
     /// The built-in load balancer (`--disable servicelb`).
     pub servicelb: bool,
     /// The service proxy (`--disable-kube-proxy`).
@@ -198,11 +192,6 @@ async fn start_control_plane(
         local
     };
     registry::bootstrap::kubernetes_service(&registry, advertised).await.context("creating the kubernetes Service")?;
-    if cfg.services.dns {
-        registry::bootstrap::kube_dns_service(&registry, cfg.services.cluster_dns)
-            .await
-            .context("creating the kube-dns Service")?;
-    }
     registry.spawn_service_repair(shutdown.clone());
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
@@ -251,6 +240,16 @@ async fn start_control_plane(
         };
         let client = client::in_process(app.clone(), client::node(&cfg.node_name));
         agent::start(client, cri, agent, endpoint, shutdown.clone());
+        if cfg.services.proxy {
+            let proxy = crate::proxy::Config::new(&cfg.node_name, node_ips.clone(), rc.network().cluster_cidr);
+            let client = client::in_process(app.clone(), client::proxy());
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::proxy::run(client, proxy, stop).await {
+                    tracing::error!("the service proxy stopped: {e:#}");
+                }
+            });
+        }
     }
 
     let url = format!("https://127.0.0.1:{}", local.port());

@@ -31,10 +31,10 @@ impl Node {
         std::fs::create_dir_all(&images).unwrap();
         std::fs::write(images.join("busybox.tar"), busybox_image()).unwrap();
         let mut args: Vec<String> = ["--disable-agent=false", "--cluster-cidr", cidr].map(String::from).to_vec();
-        // The service proxy and cluster DNS own host-wide state (one nftables table, the cluster DNS
-        // address): only the tests of Services, which run one node, ask for them.
+        // The service proxy owns host-wide state (one nftables table): only a test of Services
+        // traffic, which runs one node, would ask for it.
         if !extra.iter().any(|a| a.starts_with("--disable-kube-proxy")) {
-            args.extend(["--disable-kube-proxy", "--disable=coredns"].map(String::from));
+            args.extend(["--disable-kube-proxy"].map(String::from));
         }
         args.extend(extra.iter().map(|a| a.to_string()));
         let server = Server::start_with(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
