@@ -83,6 +83,8 @@ mod protobuf_table {
         "api::autoscaling::v1",
         "api::autoscaling::v2",
         "api::batch::v1",
+        "api::discovery::v1",
+        "api::networking::v1",
     ];
     /// Kinds accepted under any apiVersion, as clients send them with the group version of the request.
     const ANY_VERSION_KINDS: &[&str] = &["apimachinery::pkg::apis::meta::v1::DeleteOptions"];

@@ -14,6 +14,8 @@ mod dns;
 mod events;
 mod labels;
 mod net;
+#[allow(dead_code)] // wired by server.rs
+mod proxy;
 mod registry;
 mod runtime;
 mod scheduler;
@@ -211,6 +213,12 @@ struct ServerArgs {
     /// Do not run the scheduler in this process
     #[arg(long)]
     disable_scheduler: bool,
+    /// Do not run the service proxy (kube-proxy's job) on this node
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    disable_kube_proxy: bool,
+    /// Built-in components not to run: servicelb (the load balancer)
+    #[arg(long, value_delimiter = ',')]
+    disable: Vec<String>,
     /// KubeSchedulerConfiguration file (kubescheduler.config.k8s.io/v1): profiles, plugins, weights
     #[arg(long)]
     scheduler_config: Option<PathBuf>,
@@ -254,6 +262,12 @@ struct ServerArgs {
     /// Pod network of the cluster
     #[arg(long, default_value = "10.42.0.0/16")]
     cluster_cidr: String,
+    /// Network of the Services' cluster IPs; its first address is the `kubernetes` Service's
+    #[arg(long, default_value = "10.43.0.0/16")]
+    service_cidr: String,
+    /// Port range of the Services' node ports
+    #[arg(long, default_value = "30000-32767")]
+    service_node_port_range: String,
     /// Upper bound of the store's page cache, in MiB
     #[arg(long, default_value_t = 16)]
     store_cache_mib: u64,
@@ -367,6 +381,41 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     if !cidr_ok {
         anyhow::bail!("invalid cluster-cidr {:?}: expected a CIDR such as 10.42.0.0/16", args.cluster_cidr);
     }
+    let service_ranges = registry::ServiceRanges {
+        cidr: args
+            .service_cidr
+            .parse::<net::Cidr>()
+            .ok()
+            .filter(|c| (8..=30).contains(&c.prefix))
+            .with_context(|| {
+                format!(
+                    "invalid service-cidr {:?}: expected an IPv4 CIDR between /8 and /30 such as 10.43.0.0/16",
+                    args.service_cidr
+                )
+            })?
+            .net(),
+        node_ports: args
+            .service_node_port_range
+            .split_once('-')
+            .and_then(|(lo, hi)| Some((lo.trim().parse::<u16>().ok()?, hi.trim().parse::<u16>().ok()?)))
+            .filter(|(lo, hi)| lo <= hi && *lo > 0)
+            .with_context(|| {
+                format!(
+                    "invalid service-node-port-range {:?}: expected a range of ports such as 30000-32767",
+                    args.service_node_port_range
+                )
+            })?,
+    };
+    for component in &args.disable {
+        if component != "servicelb" {
+            anyhow::bail!("invalid --disable {component:?}: cairn's built-in component is servicelb");
+        }
+    }
+    let services = server::ServicesConfig {
+        ranges: service_ranges,
+        servicelb: !args.disable.iter().any(|c| c == "servicelb"),
+        proxy: !args.disable_kube_proxy,
+    };
     let gpus = (!args.disable_agent && !args.disable_gpu)
         .then(|| devices::nvidia::Gpus::discover(&args.gpu_discovery_root))
         .flatten();
@@ -421,6 +470,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     let devices =
         args.devices.iter().map(|d| d.parse()).collect::<Result<Vec<_>, String>>().map_err(anyhow::Error::msg)?;
     Ok(server::ServerConfig {
+        services,
         devices,
         gpus,
         runtime,

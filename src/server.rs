@@ -44,10 +44,22 @@ pub struct ServerConfig {
     pub devices: Vec<crate::devices::generic::DeviceGlob>,
     /// The NVIDIA GPUs found at start.
     pub gpus: Option<crate::devices::nvidia::Gpus>,
+    pub services: ServicesConfig,
     /// `--kubelet-root-dir`: plugin registration and CSI staging.
     pub kubelet_root_dir: PathBuf,
     /// `--default-local-storage-path`: the built-in driver's volumes.
     pub local_storage_path: PathBuf,
+}
+
+/// How Services are served: their ranges and which built-in parts run.
+#[derive(Debug, Clone)]
+pub struct ServicesConfig {
+    /// `--service-cidr` and `--service-node-port-range`.
+    pub ranges: registry::ServiceRanges,
+    /// The built-in load balancer (`--disable servicelb`).
+    pub servicelb: bool,
+    /// The service proxy (`--disable-kube-proxy`).
+    pub proxy: bool,
 }
 
 impl ServerConfig {
@@ -165,7 +177,7 @@ async fn start_control_plane(
     let mut tokens = Tokens::default();
     tokens.add(token, User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] });
 
-    let registry = Registry::new(store);
+    let registry = Registry::new(store).with_service_ranges(cfg.services.ranges);
     registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
     registry::bootstrap::local_storage(&registry, &cfg.data_dir.join("server"))
         .await
@@ -179,6 +191,8 @@ async fn start_control_plane(
     } else {
         local
     };
+    registry::bootstrap::kubernetes_service(&registry, advertised).await.context("creating the kubernetes Service")?;
+    registry.spawn_service_repair(shutdown.clone());
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
     let app = api::router(state.clone());
@@ -229,6 +243,16 @@ async fn start_control_plane(
         };
         let client = client::in_process(app.clone(), client::node(&cfg.node_name));
         agent::start(client, cri, agent, endpoint, shutdown.clone());
+        if cfg.services.proxy {
+            let proxy = crate::proxy::Config::new(&cfg.node_name, node_ips.clone(), rc.network().cluster_cidr);
+            let client = client::in_process(app.clone(), client::proxy());
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::proxy::run(client, proxy, stop).await {
+                    tracing::error!("the service proxy stopped: {e:#}");
+                }
+            });
+        }
     }
 
     let url = format!("https://127.0.0.1:{}", local.port());
@@ -236,7 +260,7 @@ async fn start_control_plane(
         .with_context(|| format!("writing the kubeconfig {}", cfg.write_kubeconfig.display()))?;
 
     let controller_client = client::in_process(app, client::controller_manager());
-    controllers::spawn_all(&controller_client, &shutdown);
+    controllers::spawn_all(&controller_client, cfg.services.servicelb, &shutdown);
     let kubeconfig = cfg.write_kubeconfig.clone();
     let renew_url = url.clone();
     let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, move |p| {

@@ -163,7 +163,7 @@ fn the_setup_script_says_what_it_would_install_and_ci_uses_it() {
         text
     };
     let text = check(&["--check"]);
-    assert!(text.contains("would install containerd runc iptables gcc libc6-dev"), "{text}");
+    assert!(text.contains("would install containerd runc iptables nftables conntrack gcc libc6-dev"), "{text}");
     assert!(!text.contains("busybox-static"), "test packages only when asked: {text}");
     assert!(text.contains("would run cargo build --release") && text.contains("would run "), "{text}");
     let text = check(&["--check", "--packages-only", "--with-test-packages"]);

@@ -57,7 +57,8 @@ impl Node {
         }
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let cri = rt.block_on(async { Cri::new(&data.join("agent/containerd/containerd.sock")) });
-        let args = [&["--disable-agent=false", "--cluster-cidr", cluster_cidr][..], extra].concat();
+        let args =
+            [&["--disable-agent=false", "--disable-kube-proxy", "--cluster-cidr", cluster_cidr][..], extra].concat();
         let server = Server::start_with(dir, &args);
         let base: Ipv4Addr = cluster_cidr.split('/').next().unwrap().parse().unwrap();
         Node { server: Some(server), cri, rt, data, subnet: base }
@@ -188,7 +189,8 @@ impl Node {
     fn restart_after_kill9(&mut self) {
         let dir = self.server.take().expect("running").kill9();
         let cidr = format!("{}/16", self.subnet);
-        self.server = Some(Server::start_with(dir, &["--disable-agent=false", "--cluster-cidr", &cidr]));
+        self.server =
+            Some(Server::start_with(dir, &["--disable-agent=false", "--disable-kube-proxy", "--cluster-cidr", &cidr]));
         eventually(30, || self.block_on(self.cri.version(Default::default())).ok());
     }
 
@@ -366,7 +368,14 @@ fn pods_get_addresses_talk_and_survive_a_containerd_crash() {
     let socket = format!("unix://{}", node.data.join("agent/containerd/containerd.sock").display());
     let other = Server::start_with(
         tempfile::tempdir().unwrap(),
-        &["--disable-agent=false", "--container-runtime-endpoint", &socket, "--cluster-cidr", "10.49.0.0/16"],
+        &[
+            "--disable-agent=false",
+            "--disable-kube-proxy",
+            "--container-runtime-endpoint",
+            &socket,
+            "--cluster-cidr",
+            "10.49.0.0/16",
+        ],
     );
     assert!(other.log().contains("containerd://1.") && other.log().contains(&socket), "{}", other.log());
     let (_, status) = other.terminate(Duration::from_secs(30));

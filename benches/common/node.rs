@@ -35,6 +35,8 @@ impl Cairn {
         let kubeconfig = dir.path().join("kubeconfig.yaml");
         let child = Command::new(binary::cairn_bin())
             .args(["server", "--bind-address", "127.0.0.1", "--https-listen-port", "0", "--log", "warn"])
+            // Host-wide parts a benchmark of pods does not use.
+            .args(["--disable-kube-proxy"])
             .args(["--cluster-cidr", cluster_cidr])
             .arg("--data-dir")
             .arg(&data)

@@ -222,10 +222,12 @@ mod tests {
                 "events.k8s.io",
                 "autoscaling",
                 "batch",
+                "networking.k8s.io",
                 "policy",
                 "storage.k8s.io",
                 "coordination.k8s.io",
-                "node.k8s.io"
+                "node.k8s.io",
+                "discovery.k8s.io"
             ]
         );
         // Two versions of one group: the first served is preferred, as autoscaling/v2 upstream.

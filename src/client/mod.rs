@@ -30,6 +30,11 @@ pub fn scheduler() -> User {
     User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into()] }
 }
 
+/// kube-proxy's identity (`system:kube-proxy`), for the service proxy and the cluster DNS.
+pub fn proxy() -> User {
+    User { name: "system:kube-proxy".into(), groups: vec!["system:masters".into()] }
+}
+
 /// The node agent's identity (a kubelet's upstream: `system:node:<name>` in `system:nodes`).
 pub fn node(name: &str) -> User {
     User { name: format!("system:node:{name}"), groups: vec!["system:nodes".into(), "system:masters".into()] }

@@ -17,8 +17,17 @@ use tokio_util::sync::CancellationToken;
 pub type Cache<K> = Store<K>;
 
 /// Waits until `cache` holds the first list; false when its watch stopped first (shutdown).
+///
+/// kube-runtime's readiness is a oneshot channel that remembers only the last waiter's waker, so
+/// of several tasks waiting at once all but one would sleep forever: each waiter polls again every
+/// 100 ms until the list is in (after that the answer is immediate).
 pub async fn synced<K: kube::Resource<DynamicType = ()> + Clone + 'static>(cache: &Cache<K>) -> bool {
-    cache.wait_until_ready().await.is_ok()
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_millis(100), cache.wait_until_ready()).await {
+            Ok(ready) => return ready.is_ok(),
+            Err(_) => continue,
+        }
+    }
 }
 
 /// Changes a slow subscriber may fall behind by before the watch waits for it.

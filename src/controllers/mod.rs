@@ -13,6 +13,8 @@ mod cronjob;
 mod daemonset;
 mod deployment;
 mod disruption;
+mod endpoints;
+mod endpointslice;
 mod ephemeral;
 mod event_ttl;
 mod expectations;
@@ -28,12 +30,13 @@ pub mod protection;
 mod replicaset;
 pub mod runtime;
 mod serviceaccount;
+mod servicelb;
 mod statefulset;
 mod ttl_after_finished;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 
@@ -41,7 +44,8 @@ pub use ephemeral::is_for_pod as ephemeral_is_for_pod;
 use tokio_util::sync::CancellationToken;
 
 /// Starts every controller; they stop when `shutdown` fires.
-pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
+/// Starts every controller; `servicelb` says whether the built-in load balancer is one of them.
+pub fn spawn_all(client: &Client, servicelb: bool, shutdown: &CancellationToken) {
     tokio::spawn(runtime::run(
         namespace::controller(client),
         namespace::Namespaces { client: client.clone() },
@@ -88,11 +92,17 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     job::spawn(client, &mut jobs, &mut pods, shutdown);
     cronjob::spawn(client, &mut jobs, shutdown);
     disruption::spawn(client, &mut pods, shutdown);
+    let mut services = informer::Informer::new(Api::<Service>::all(client.clone()), watcher::Config::default());
+    endpoints::spawn(client, &mut services, &mut pods, shutdown);
+    endpointslice::spawn(client, &mut services, &mut pods, shutdown);
     let revisions = informer::Informer::new(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default());
     let claims = informer::Informer::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default());
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);
     let mut nodes = informer::Informer::new(Api::<Node>::all(client.clone()), watcher::Config::default());
     daemonset::spawn(client, &mut pods, &mut nodes, &revisions, shutdown);
+    if servicelb {
+        servicelb::spawn(client, &mut services, &mut nodes, shutdown);
+    }
     tokio::spawn(runtime::run(
         ttl_after_finished::controller(client),
         ttl_after_finished::TtlAfterFinished { client: client.clone() },
@@ -104,4 +114,5 @@ pub fn spawn_all(client: &Client, shutdown: &CancellationToken) {
     revisions.spawn(shutdown.clone());
     claims.spawn(shutdown.clone());
     nodes.spawn(shutdown.clone());
+    services.spawn(shutdown.clone());
 }

@@ -73,3 +73,92 @@ pub async fn local_storage(registry: &Registry, server_dir: &std::path::Path) ->
     }
     Ok(())
 }
+
+/// The `kubernetes` Service in `default` at the first address of the service CIDR, and its
+/// Endpoints and EndpointSlice pointing at this API server (kube-apiserver's
+/// `kubernetesservice` controller and endpoint reconciler). Brought back to this shape at every
+/// start. A loopback address cannot be an endpoint: the Service is made without one.
+pub async fn kubernetes_service(registry: &Registry, api: std::net::SocketAddr) -> Result<(), StatusError> {
+    let find = |group: &str, plural: &str| {
+        registry.find(group, "v1", plural).ok_or_else(|| StatusError::internal(format!("{plural} are not served")))
+    };
+    let ip = registry.service_ranges().nth_ip(1).to_string();
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "kubernetes", "namespace": "default",
+            "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": ip,
+            "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": api.port()}],
+            "sessionAffinity": "None",
+        },
+    });
+    upsert(registry, &find("", "services")?, service, |current, wanted| {
+        current["spec"]["ports"] != wanted["spec"]["ports"]
+    })
+    .await?;
+    if api.ip().is_loopback() || api.ip().is_unspecified() {
+        tracing::info!("the API server listens on {api} only: the kubernetes Service has no endpoints");
+        return Ok(());
+    }
+    let endpoints = json!({
+        "apiVersion": "v1",
+        "kind": "Endpoints",
+        "metadata": {"name": "kubernetes", "namespace": "default",
+            "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+        "subsets": [{"addresses": [{"ip": api.ip().to_string()}],
+            "ports": [{"name": "https", "port": api.port(), "protocol": "TCP"}]}],
+    });
+    upsert(registry, &find("", "endpoints")?, endpoints, |c, w| c["subsets"] != w["subsets"]).await?;
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "kubernetes", "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": if api.is_ipv4() { "IPv4" } else { "IPv6" },
+        "endpoints": [{"addresses": [api.ip().to_string()], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": api.port(), "protocol": "TCP"}],
+    });
+    upsert(registry, &find("discovery.k8s.io", "endpointslices")?, slice, |c, w| {
+        c["endpoints"] != w["endpoints"] || c["ports"] != w["ports"]
+    })
+    .await
+}
+
+/// Creates `wanted`, or replaces the stored object when `differs` says it is not as wanted.
+async fn upsert(
+    registry: &Registry,
+    r: &super::Resource,
+    wanted: serde_json::Value,
+    differs: impl Fn(&serde_json::Value, &serde_json::Value) -> bool,
+) -> Result<(), StatusError> {
+    let name = wanted["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let ns = wanted["metadata"]["namespace"].as_str().map(str::to_string);
+    match registry.create(r, ns.as_deref(), wanted.clone(), &WriteOptions::default()).await {
+        Ok(_) => {
+            tracing::info!("created {} {name}", r.info().kind);
+            return Ok(());
+        }
+        Err(e) if e.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    let current = registry.get_value(r, ns.as_deref(), &name)?;
+    let defaulted = r.admit_create(wanted.clone())?.object;
+    if !differs(&current, &defaulted) {
+        return Ok(());
+    }
+    let mut body = current.clone();
+    for (k, v) in wanted.as_object().into_iter().flatten().filter(|(k, _)| *k != "metadata") {
+        body[k] = v.clone();
+    }
+    if let Some(spec) = body.get_mut("spec").and_then(serde_json::Value::as_object_mut) {
+        // The stored cluster IP stays.
+        spec.remove("clusterIPs");
+        spec.insert("clusterIP".into(), current["spec"]["clusterIP"].clone());
+    }
+    registry.update(r, ns.as_deref(), &name, body, None, &WriteOptions::default()).await?;
+    tracing::info!("updated {} {name}", r.info().kind);
+    Ok(())
+}

@@ -13,6 +13,7 @@ pub mod kinds;
 pub mod patch;
 mod scale;
 pub mod selector;
+mod services;
 pub mod strategy;
 pub mod subresource;
 pub mod validation;
@@ -29,6 +30,7 @@ use crate::store::{self, Object, Op, Precondition, Store};
 pub use error::{GroupResource, Result, StatusError};
 use patch::PatchType;
 use selector::{FieldSelector, LabelSelector};
+pub use services::ServiceRanges;
 pub use strategy::{Admitted, DeleteContext, Deletion, ResourceInfo, Strategy};
 pub use subresource::Subresource;
 use validation::{ErrorList, FieldError};
@@ -104,6 +106,7 @@ pub type Resource = Arc<dyn Strategy>;
 pub struct Registry {
     store: Store,
     resources: Arc<Vec<Resource>>,
+    ranges: Arc<ServiceRanges>,
 }
 
 const GENERATE_NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -111,7 +114,12 @@ const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 
 impl Registry {
     pub fn new(store: Store) -> Self {
-        Self { store, resources: Arc::new(kinds::all()) }
+        Self { store, resources: Arc::new(kinds::all()), ranges: Arc::new(ServiceRanges::default()) }
+    }
+
+    /// The same registry allocating Services' cluster IPs and node ports from `ranges`.
+    pub fn with_service_ranges(self, ranges: ServiceRanges) -> Self {
+        Self { ranges: Arc::new(ranges), ..self }
     }
 
     pub fn store(&self) -> &Store {
@@ -333,12 +341,25 @@ impl Registry {
         if info.namespaced {
             self.check_namespace_open(r, &ns, &name)?;
         }
+        let mut obj = obj;
+        let key = Self::key(r, info.namespaced.then_some(ns.as_str()), &name);
+        let reserved = if is_service(r) {
+            if self.store.get(&key).is_some() {
+                return Err(StatusError::already_exists(&info.group_resource(), &name));
+            }
+            Some(self.reserve_for_service(&mut obj, None, opts.dry_run).await?)
+        } else {
+            None
+        };
         if opts.dry_run {
             return Ok(Written { object: to_bytes(&obj)?, warnings, created: true });
         }
         let stored = r.encode_stored(obj)?;
-        let key = Self::key(r, info.namespaced.then_some(ns.as_str()), &name);
-        match self.store.write(key, Precondition::Absent, Op::Put(stored)).await {
+        let result = self.store.write(key, Precondition::Absent, Op::Put(stored)).await;
+        if let (Err(_), Some(reserved)) = (&result, reserved) {
+            self.release(reserved).await;
+        }
+        match result {
             Ok(o) => Ok(Written { object: Self::present(r, &o)?, warnings, created: true }),
             Err(store::Error::AlreadyExists) if generated => {
                 Err(StatusError::already_exists(&info.group_resource(), &name))
@@ -484,6 +505,9 @@ impl Registry {
             if new == old {
                 return Ok(Written { object: Self::present(r, &cur)?, warnings, created: false });
             }
+            let service = is_service(r) && subresource.is_none();
+            let reserved =
+                if service { Some(self.reserve_for_service(&mut new, Some(&old), opts.dry_run).await?) } else { None };
             if opts.dry_run {
                 return Ok(Written { object: to_bytes(&new)?, warnings, created: false });
             }
@@ -491,9 +515,15 @@ impl Registry {
             let finishing =
                 is_terminating(&new) && !has_finalizers(&new) && grace_elapsed(&new) && !r.pending_finalizers(&new)?;
             let key = Self::key(r, ns, name);
-            let stored = r.encode_stored(new)?;
+            let stored = r.encode_stored(new.clone())?;
             let op = if finishing { Op::Delete(stored) } else { Op::Put(stored) };
-            match self.store.write(key, Precondition::Revision(cur.rv), op).await {
+            let result = self.store.write(key, Precondition::Revision(cur.rv), op).await;
+            match (&result, reserved) {
+                (Err(_), Some(reserved)) => self.release(reserved).await,
+                (Ok(_), _) if is_service(r) => self.release_unused(&old, (!finishing).then_some(&new)).await,
+                _ => {}
+            }
+            match result {
                 Ok(o) => return Ok(Written { object: Self::present(r, &o)?, warnings, created: false }),
                 Err(store::Error::Conflict { .. }) if wanted_rv.is_none() => continue,
                 Err(store::Error::Conflict { .. }) => return Err(StatusError::modified(&gr, name)),
@@ -586,6 +616,9 @@ impl Registry {
             };
             match self.store.write(key, Precondition::Revision(cur.rv), op).await {
                 Ok(o) => {
+                    if gone && is_service(r) {
+                        self.release_unused(&old, None).await;
+                    }
                     let bytes = Self::present(r, &o)?;
                     return Ok(if gone { Deleted::Gone(bytes) } else { Deleted::Pending(bytes) });
                 }
@@ -679,6 +712,11 @@ impl Registry {
 }
 
 /// Rejects field selectors on fields the resource does not index, with upstream's message.
+/// Services get cluster IPs and node ports around their writes (`services.rs`).
+fn is_service(r: &Resource) -> bool {
+    r.info().storage == "services"
+}
+
 fn check_fields(r: &Resource, fields: &FieldSelector) -> Result<()> {
     for f in fields.fields() {
         if f != "metadata.name" && f != "metadata.namespace" && !r.fields().contains(&f) {

@@ -103,6 +103,8 @@ pub enum NameRule {
     Subdomain,
     /// A DNS label (namespaces).
     Label,
+    /// An RFC 1035 label (services: their names become DNS labels and environment variables).
+    Dns1035Label,
     /// Anything usable as one URL path segment (events).
     PathSegment,
 }
@@ -113,6 +115,7 @@ impl NameRule {
         match self {
             NameRule::Subdomain => validation::is_dns1123_subdomain(name),
             NameRule::Label => validation::is_dns1123_label(name),
+            NameRule::Dns1035Label => validation::is_dns1035_label(name),
             NameRule::PathSegment => {
                 if name == "." || name == ".." {
                     vec![format!("may not be '{name}'")]

@@ -162,6 +162,25 @@ pub fn is_dns1123_label(value: &str) -> Vec<String> {
     errs
 }
 
+/// RFC 1035 label (Service names): as an RFC 1123 label, but starting with a letter.
+pub fn is_dns1035_label(value: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if value.len() > DNS1123_LABEL_MAX {
+        errs.push(format!("must be no more than {DNS1123_LABEL_MAX} characters"));
+    }
+    let ok = !value.is_empty()
+        && value.chars().all(|c| is_lower_alnum(c) || c == '-')
+        && value.starts_with(|c: char| c.is_ascii_lowercase())
+        && value.ends_with(is_lower_alnum);
+    if !ok {
+        errs.push(
+            "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
+                .to_string(),
+        );
+    }
+    errs
+}
+
 /// RFC 1123 subdomain: dot-separated RFC 1123 labels, ≤ 253 chars.
 pub fn is_dns1123_subdomain(value: &str) -> Vec<String> {
     let mut errs = Vec::new();

@@ -31,6 +31,11 @@ impl Node {
         std::fs::create_dir_all(&images).unwrap();
         std::fs::write(images.join("busybox.tar"), busybox_image()).unwrap();
         let mut args: Vec<String> = ["--disable-agent=false", "--cluster-cidr", cidr].map(String::from).to_vec();
+        // The service proxy owns host-wide state (one nftables table): only a test of Services
+        // traffic, which runs one node, would ask for it.
+        if !extra.iter().any(|a| a.starts_with("--disable-kube-proxy")) {
+            args.extend(["--disable-kube-proxy"].map(String::from));
+        }
         args.extend(extra.iter().map(|a| a.to_string()));
         let server = Server::start_with(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
         Node { server: Some(server), args }

@@ -38,14 +38,17 @@ mod autoscaling;
 pub mod batch;
 mod config;
 mod coordination;
+mod discovery;
 mod event;
 mod job_policies;
 mod namespace;
+pub mod networking;
 mod node;
 pub mod pod;
 pub mod pod_rules;
 mod policy;
 mod runtime_class;
+pub mod service;
 pub mod storage;
 mod workload_rules;
 
@@ -70,6 +73,8 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(config::ConfigMaps)),
         Arc::new(Typed::new(config::Secrets)),
         Arc::new(Typed::new(config::ServiceAccounts)),
+        Arc::new(Typed::new(service::Services)),
+        Arc::new(Typed::new(service::EndpointsKind)),
         Arc::new(Typed::new(event::CoreEvents)),
         Arc::new(Typed::new(storage::PersistentVolumes)),
         Arc::new(Typed::new(storage::PersistentVolumeClaims)),
@@ -84,6 +89,7 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(autoscaling::HorizontalPodAutoscalersV1)),
         Arc::new(Typed::new(batch::Jobs)),
         Arc::new(Typed::new(batch::CronJobs)),
+        Arc::new(Typed::new(networking::IpAddresses)),
         Arc::new(Typed::new(policy::PodDisruptionBudgets)),
         Arc::new(Typed::new(storage::StorageClasses)),
         Arc::new(Typed::new(storage::CsiDrivers)),
@@ -91,5 +97,6 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(storage::VolumeAttachments)),
         Arc::new(Typed::new(coordination::Leases)),
         Arc::new(Typed::new(runtime_class::RuntimeClasses)),
+        Arc::new(Typed::new(discovery::EndpointSlices)),
     ]
 }

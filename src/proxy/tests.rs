@@ -1,0 +1,1 @@
+//! Root tests: see below.
