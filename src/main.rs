@@ -216,9 +216,18 @@ struct ServerArgs {
     /// Do not run the service proxy (kube-proxy's job) on this node
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     disable_kube_proxy: bool,
-    /// Built-in components not to run: servicelb (the load balancer)
+    /// Built-in components not to run: coredns (the cluster DNS), servicelb (the load balancer)
     #[arg(long, value_delimiter = ',')]
     disable: Vec<String>,
+    /// Address of the cluster DNS, in the service CIDR (kubelet's --cluster-dns)
+    #[arg(long, default_value = "10.43.0.10")]
+    cluster_dns: std::net::Ipv4Addr,
+    /// Domain of the cluster (kubelet's --cluster-domain)
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// resolv.conf whose resolvers the cluster DNS forwards to and `dnsPolicy: Default` pods get (kubelet's --resolv-conf) [default: /etc/resolv.conf, or systemd-resolved's upstreams when it lists only 127.0.0.53]
+    #[arg(long)]
+    resolv_conf: Option<PathBuf>,
     /// KubeSchedulerConfiguration file (kubescheduler.config.k8s.io/v1): profiles, plugins, weights
     #[arg(long)]
     scheduler_config: Option<PathBuf>,
@@ -407,12 +416,27 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
             })?,
     };
     for component in &args.disable {
-        if component != "servicelb" {
-            anyhow::bail!("invalid --disable {component:?}: cairn's built-in component is servicelb");
+        if !["coredns", "servicelb"].contains(&component.as_str()) {
+            anyhow::bail!("invalid --disable {component:?}: cairn's built-in components are coredns and servicelb");
         }
+    }
+    if !service_ranges.cidr.contains(args.cluster_dns) {
+        anyhow::bail!(
+            "invalid cluster-dns {}: it must be in the service CIDR {}",
+            args.cluster_dns,
+            service_ranges.cidr.net()
+        );
+    }
+    let validation_errors = registry::validation::is_dns1123_subdomain(&args.cluster_domain);
+    if !validation_errors.is_empty() {
+        anyhow::bail!("invalid cluster-domain {:?}: {}", args.cluster_domain, validation_errors.join("; "));
     }
     let services = server::ServicesConfig {
         ranges: service_ranges,
+        cluster_dns: args.cluster_dns,
+        cluster_domain: args.cluster_domain.clone(),
+        resolv_conf: args.resolv_conf.clone(),
+        dns: !args.disable.iter().any(|c| c == "coredns"),
         servicelb: !args.disable.iter().any(|c| c == "servicelb"),
         proxy: !args.disable_kube_proxy,
     };

@@ -10,7 +10,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::TryStreamExt;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{
+    Handle, LinkBridge, LinkBridgePort, LinkDummy, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+};
 use sha2::{Digest, Sha256};
 
 use super::spec::{Cidr, format_mac};
@@ -101,6 +103,25 @@ pub async fn ensure_bridge(h: &Handle, name: &str, gateway: Cidr, mtu: u32) -> R
     exists_ok(h.address().add(link.index, gateway.addr.into(), gateway.prefix).execute().await)
         .with_context(|| format!("adding {gateway} to bridge {name}"))?;
     Ok(link)
+}
+
+/// Creates the dummy link `name` if it is missing, up, holding `addr`/32: an address of this host
+/// that pods reach through their default route (NodeLocal DNSCache's way of owning its address).
+pub async fn ensure_dummy(h: &Handle, name: &str, addr: Ipv4Addr) -> Result<()> {
+    let link = match get_link(h, name).await? {
+        Some(link) => link,
+        None => {
+            exists_ok(h.link().add(LinkDummy::new(name).build()).execute().await)
+                .with_context(|| format!("creating dummy link {name}"))?;
+            get_link(h, name).await?.ok_or_else(|| anyhow!("link {name} vanished right after it was created"))?
+        }
+    };
+    if link.kind != Some(InfoKind::Dummy) {
+        bail!("link {name} exists but is not a dummy link");
+    }
+    set_up(h, &link, name).await?;
+    exists_ok(h.address().add(link.index, addr.into(), 32).execute().await)
+        .with_context(|| format!("adding {addr}/32 to {name}"))
 }
 
 /// A locally administered unicast MAC derived from the bridge's name and gateway.

@@ -220,24 +220,26 @@ pub fn plan(current: &Ruleset, desired: &Ruleset) -> Option<(String, Counts)> {
             Some(_) => {}
         }
     }
+    // Every new chain first, so that rules may jump to any of them.
+    let mut rules = String::new();
     for (name, chain) in &desired.chains {
-        let now = current.chains.get(name);
-        match now {
+        match current.chains.get(name) {
             Some(c) if c == chain => continue,
             Some(c) if c.base != chain.base => {
-                let _ = writeln!(s, "flush chain {t} {name}\ndelete chain {t} {name}");
-                add_chain(&mut s, &t, name, chain);
+                let _ = writeln!(rules, "flush chain {t} {name}\ndelete chain {t} {name}");
+                add_chain(&mut rules, &t, name, chain);
             }
             Some(_) => {
-                let _ = writeln!(s, "flush chain {t} {name}");
+                let _ = writeln!(rules, "flush chain {t} {name}");
             }
             None => add_chain(&mut s, &t, name, chain),
         }
         n.chains_written += 1;
         for r in &chain.rules {
-            let _ = writeln!(s, "add rule {t} {name} {r}");
+            let _ = writeln!(rules, "add rule {t} {name} {r}");
         }
     }
+    s.push_str(&rules);
     let empty = BTreeMap::new();
     for (name, set) in &desired.sets {
         let Some(want) = &set.elements else { continue };

@@ -118,7 +118,8 @@ pub fn desired(settings: &Settings, ports: &[ServicePort]) -> Ruleset {
     let new = "ct state new";
 
     rs.chain("nat-prerouting", Some(&base("nat", "prerouting", "dstnat")), vec!["jump services".into()]);
-    rs.chain("nat-output", Some(&base("nat", "output", "dstnat")), vec!["jump services".into()]);
+    // nft 1.0.6 names priority -100 `dstnat` for prerouting only.
+    rs.chain("nat-output", Some(&base("nat", "output", "-100")), vec!["jump services".into()]);
     rs.chain("nat-postrouting", Some(&base("nat", "postrouting", "srcnat")), vec!["jump masquerading".into()]);
     let mut input = vec![format!("{new} jump nodeport-endpoints-check"), format!("{new} jump service-endpoints-check")];
     if settings.localhost_node_ports() {
@@ -169,7 +170,9 @@ pub fn desired(settings: &Settings, ports: &[ServicePort]) -> Ruleset {
             "masquerade fully-random".into(),
         ],
     );
-    rs.chain("reject-chain", None, vec!["reject".into()]);
+    // A TCP reset (nft implies `meta l4proto tcp`) refuses at once; an ICMP port-unreachable (kube-proxy's plain
+    // `reject`) leaves some kernels' connect() waiting for its timeout. Others get the ICMP error.
+    rs.chain("reject-chain", None, vec!["reject with tcp reset".into(), "reject".into()]);
 
     rs.set("service-ips", true, &format!("{SERVICE_KEY} : verdict"));
     rs.set("service-nodeports", true, &format!("{NODEPORT_KEY} : verdict"));

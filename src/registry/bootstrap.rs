@@ -127,6 +127,29 @@ pub async fn kubernetes_service(registry: &Registry, api: std::net::SocketAddr) 
     .await
 }
 
+/// The `kube-dns` Service in `kube-system` at the cluster DNS address, as k3s's (CoreDNS's
+/// labels, so `kubectl cluster-info` lists it). It selects nothing: the cluster DNS answers on this
+/// address itself on every node, and the service proxy leaves it alone.
+pub async fn kube_dns_service(registry: &Registry, ip: std::net::Ipv4Addr) -> Result<(), StatusError> {
+    let services =
+        registry.find("", "v1", "services").ok_or_else(|| StatusError::internal("services are not served"))?;
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "kube-dns", "namespace": "kube-system",
+            "labels": {"k8s-app": "kube-dns", "kubernetes.io/cluster-service": "true", "kubernetes.io/name": "CoreDNS"}},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": ip.to_string(),
+            "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},
+            ],
+        },
+    });
+    upsert(registry, &services, service, |c, w| c["spec"]["ports"] != w["spec"]["ports"]).await
+}
+
 /// Creates `wanted`, or replaces the stored object when `differs` says it is not as wanted.
 async fn upsert(
     registry: &Registry,
