@@ -62,7 +62,7 @@ impl Cairn {
         let kubeconfig = dir.path().join("kubeconfig.yaml");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
         cmd.args(["server", "--disable-agent=false", "--bind-address", "127.0.0.1", "--https-listen-port", "0"])
-            .args(["--log", "warn", "--cluster-cidr", cluster_cidr, "--disable-kube-proxy"])
+            .args(["--log", "warn", "--cluster-cidr", cluster_cidr, "--disable-kube-proxy", "--disable=coredns"])
             .arg("--data-dir")
             .arg(&data)
             .arg("--write-kubeconfig")

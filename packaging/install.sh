@@ -38,8 +38,9 @@ die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 runtime_packages="containerd runc iptables nftables conntrack"
 build_packages="gcc libc6-dev"
 # What the tests and benchmarks use besides: network namespaces (iproute2), test images (busybox-static),
-# and the reference CNI plugins the network benchmark compares with.
-test_packages="iproute2 busybox-static containernetworking-plugins"
+# the reference CNI plugins the network benchmark compares with, and dnsmasq (the cluster DNS tests'
+# upstream resolver and its benchmark's baseline).
+test_packages="iproute2 busybox-static containernetworking-plugins dnsmasq-base"
 
 wanted="$runtime_packages $build_packages"
 $tests && wanted="$wanted $test_packages"

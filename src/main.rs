@@ -7,9 +7,7 @@ mod client;
 mod controllers;
 mod cron;
 mod csi;
-// Not started by `server` yet: the Service kinds it watches are being added to the API.
 mod devices;
-#[allow(dead_code)]
 mod dns;
 mod events;
 mod labels;
@@ -219,11 +217,12 @@ struct ServerArgs {
     /// Built-in components not to run: coredns (the cluster DNS), servicelb (the load balancer)
     #[arg(long, value_delimiter = ',')]
     disable: Vec<String>,
-    /// Address of the cluster DNS, in the service CIDR (kubelet's --cluster-dns)
-    #[arg(long, default_value = "10.43.0.10")]
-    cluster_dns: std::net::Ipv4Addr,
+    /// Address of the cluster DNS, in the service CIDR (kubelet's --cluster-dns) [default: the
+    /// service CIDR's 10th address, 10.43.0.10]
+    #[arg(long)]
+    cluster_dns: Option<std::net::Ipv4Addr>,
     /// Domain of the cluster (kubelet's --cluster-domain)
-    #[arg(long, default_value = "cluster.local")]
+    #[arg(long, default_value = dns::DEFAULT_DOMAIN)]
     cluster_domain: String,
     /// resolv.conf whose resolvers the cluster DNS forwards to and `dnsPolicy: Default` pods get (kubelet's --resolv-conf) [default: /etc/resolv.conf, or systemd-resolved's upstreams when it lists only 127.0.0.53]
     #[arg(long)]
@@ -420,10 +419,13 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
             anyhow::bail!("invalid --disable {component:?}: cairn's built-in components are coredns and servicelb");
         }
     }
-    if !service_ranges.cidr.contains(args.cluster_dns) {
+    // k3s's default: the service CIDR's 10th address.
+    let cluster_dns =
+        args.cluster_dns.unwrap_or_else(|| std::net::Ipv4Addr::from(u32::from(service_ranges.cidr.network()) + 10));
+    if !service_ranges.cidr.contains(cluster_dns) {
         anyhow::bail!(
             "invalid cluster-dns {}: it must be in the service CIDR {}",
-            args.cluster_dns,
+            cluster_dns,
             service_ranges.cidr.net()
         );
     }
@@ -433,7 +435,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     }
     let services = server::ServicesConfig {
         ranges: service_ranges,
-        cluster_dns: args.cluster_dns,
+        cluster_dns,
         cluster_domain: args.cluster_domain.clone(),
         resolv_conf: args.resolv_conf.clone(),
         dns: !args.disable.iter().any(|c| c == "coredns"),

@@ -51,11 +51,17 @@ pub struct ServerConfig {
     pub local_storage_path: PathBuf,
 }
 
-/// How Services are served: their ranges and which built-in parts run.
+/// How Services are served: their ranges, the cluster DNS and which built-in parts run.
 #[derive(Debug, Clone)]
 pub struct ServicesConfig {
     /// `--service-cidr` and `--service-node-port-range`.
     pub ranges: registry::ServiceRanges,
+    /// `--cluster-dns`, `--cluster-domain`, `--resolv-conf`.
+    pub cluster_dns: std::net::Ipv4Addr,
+    pub cluster_domain: String,
+    pub resolv_conf: Option<PathBuf>,
+    /// The cluster DNS (`--disable coredns` turns it off).
+    pub dns: bool,
     /// The built-in load balancer (`--disable servicelb`).
     pub servicelb: bool,
     /// The service proxy (`--disable-kube-proxy`).
@@ -192,6 +198,11 @@ async fn start_control_plane(
         local
     };
     registry::bootstrap::kubernetes_service(&registry, advertised).await.context("creating the kubernetes Service")?;
+    if cfg.services.dns {
+        registry::bootstrap::kube_dns_service(&registry, cfg.services.cluster_dns)
+            .await
+            .context("creating the kube-dns Service")?;
+    }
     registry.spawn_service_repair(shutdown.clone());
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
@@ -237,10 +248,19 @@ async fn start_control_plane(
             },
             devices: cfg.devices.clone(),
             gpus: cfg.gpus.clone(),
-            // No cluster DNS serves yet: ClusterFirst pods get the host's resolvers, as kubelet
-            // without --cluster-dns. `ClusterDns::default()` once `dns::run` listens on 10.43.0.10.
-            cluster_dns: agent::dns::ClusterDns { servers: Vec::new(), domain: crate::dns::DEFAULT_DOMAIN.into() },
+            // Without the cluster DNS, ClusterFirst pods get the host's resolvers, as kubelet
+            // without --cluster-dns.
+            cluster_dns: agent::dns::ClusterDns {
+                servers: if cfg.services.dns { vec![cfg.services.cluster_dns.to_string()] } else { Vec::new() },
+                domain: cfg.services.cluster_domain.clone(),
+                resolv_conf: cfg.services.resolv_conf.clone(),
+            },
         };
+        if cfg.services.dns {
+            start_cluster_dns(&cfg.services, client::in_process(app.clone(), client::proxy()), &shutdown)
+                .await
+                .context("starting the cluster DNS")?;
+        }
         let client = client::in_process(app.clone(), client::node(&cfg.node_name));
         agent::start(client, cri, agent, endpoint, shutdown.clone());
         if cfg.services.proxy {
@@ -324,10 +344,36 @@ fn load_or_create_token(path: &Path) -> Result<String> {
 }
 
 /// Addresses of this machine worth putting in the serving certificate.
+/// Binds the cluster DNS on its address, which the loopback link holds (pods reach it through their
+/// default route, with no proxy rule: NodeLocal DNSCache's way), and serves it until `shutdown`.
+/// The `kube-dns` Service at that address opts out of the service proxy. The address stays when
+/// cairn stops, as the proxy's rules do.
+async fn start_cluster_dns(cfg: &ServicesConfig, client: kube::Client, shutdown: &CancellationToken) -> Result<()> {
+    let handle = crate::net::netlink()?;
+    crate::net::ensure_loopback_address(&handle, cfg.cluster_dns).await?;
+    let mut dns = crate::dns::Config::new(vec![SocketAddr::from((cfg.cluster_dns, 53))], &cfg.cluster_domain);
+    if let Some(path) = &cfg.resolv_conf {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading --resolv-conf {}", path.display()))?;
+        dns.upstreams =
+            crate::dns::resolv::upstreams_in(&crate::dns::resolv::ResolvConf::parse(&text), cfg.cluster_dns);
+    }
+    let listeners = crate::dns::server::Listeners::bind(&dns.listen).await?;
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = crate::dns::run(client, dns, listeners, stop).await {
+            tracing::error!("the cluster DNS stopped: {e:#}");
+        }
+    });
+    Ok(())
+}
+
 fn local_ips() -> Vec<IpAddr> {
     let mut ips: Vec<IpAddr> = if_addrs::get_if_addrs()
         .unwrap_or_default()
         .into_iter()
+        // Not the loopback link's, which holds the cluster DNS address too.
+        .filter(|i| i.name != "lo")
         .map(|i| i.ip())
         .filter(|ip| !ip.is_loopback() && !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
         .collect();

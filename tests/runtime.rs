@@ -57,8 +57,11 @@ impl Node {
         }
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let cri = rt.block_on(async { Cri::new(&data.join("agent/containerd/containerd.sock")) });
-        let args =
-            [&["--disable-agent=false", "--disable-kube-proxy", "--cluster-cidr", cluster_cidr][..], extra].concat();
+        let args = [
+            &["--disable-agent=false", "--disable-kube-proxy", "--disable=coredns", "--cluster-cidr", cluster_cidr][..],
+            extra,
+        ]
+        .concat();
         let server = Server::start_with(dir, &args);
         let base: Ipv4Addr = cluster_cidr.split('/').next().unwrap().parse().unwrap();
         Node { server: Some(server), cri, rt, data, subnet: base }
@@ -189,8 +192,10 @@ impl Node {
     fn restart_after_kill9(&mut self) {
         let dir = self.server.take().expect("running").kill9();
         let cidr = format!("{}/16", self.subnet);
-        self.server =
-            Some(Server::start_with(dir, &["--disable-agent=false", "--disable-kube-proxy", "--cluster-cidr", &cidr]));
+        self.server = Some(Server::start_with(
+            dir,
+            &["--disable-agent=false", "--disable-kube-proxy", "--disable=coredns", "--cluster-cidr", &cidr],
+        ));
         eventually(30, || self.block_on(self.cri.version(Default::default())).ok());
     }
 
@@ -371,6 +376,7 @@ fn pods_get_addresses_talk_and_survive_a_containerd_crash() {
         &[
             "--disable-agent=false",
             "--disable-kube-proxy",
+            "--disable=coredns",
             "--container-runtime-endpoint",
             &socket,
             "--cluster-cidr",

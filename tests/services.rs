@@ -2,9 +2,22 @@
 //! real cairn (API only) and kubectl. One server with the default ranges serves the API checks
 //! (`kubectl expose`, columns, upstream's refusals, endpoints following pod readiness); a second one
 //! with a tiny service CIDR and node port range shows a full range, 300 create/delete cycles that
-//! leak nothing, and allocations that survive `kill -9` without being handed out twice.
+//! leak nothing, and allocations that survive `kill -9` without being handed out twice. A node
+//! with the service proxy and the cluster DNS carries real traffic between busybox pods (root,
+//! containerd, nftables, dnsmasq: `.ci/run` installs them).
 
 mod common;
+
+#[path = "common/busybox.rs"]
+mod busybox;
+#[allow(dead_code)]
+#[path = "../src/runtime/cri.rs"]
+mod cri;
+#[path = "common/node.rs"]
+mod node;
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -234,7 +247,8 @@ fn distinct(v: &[String]) -> bool {
 #[test]
 fn small_ranges_fill_up_recycle_and_survive_kill9() {
     // 14 usable addresses (the kubernetes Service takes the first) and 6 node ports.
-    let extra = ["--service-cidr", "10.96.0.0/28", "--service-node-port-range", "30000-30005"];
+    // Without the kube-dns Service, which would hold one of the 14 addresses.
+    let extra = ["--service-cidr", "10.96.0.0/28", "--service-node-port-range", "30000-30005", "--disable=coredns"];
     let s = Server::start_with(tempfile::tempdir().unwrap(), &extra);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = rt.block_on(s.client());
@@ -309,4 +323,193 @@ fn small_ranges_fill_up_recycle_and_survive_kill9() {
         let parent = get(&s, &["ipaddress", ip], "{.spec.parentRef.name}");
         assert_eq!(get(&s, &["svc", &parent], "{.spec.clusterIP}"), *ip);
     }
+}
+
+/// A loopback dnsmasq, the host's "upstream" resolver in the traffic test; killed on drop.
+struct Upstream(std::process::Child);
+
+impl Upstream {
+    /// Answers `ext.example.test` with 192.0.2.7 on `addr`:53, nothing else.
+    fn start(addr: &str) -> Upstream {
+        let child = std::process::Command::new("dnsmasq")
+            .args(["--keep-in-foreground", "--no-resolv", "--no-hosts", "--bind-interfaces", "--port=53"])
+            .arg(format!("--listen-address={addr}"))
+            .args(["--address=/ext.example.test/192.0.2.7", "--pid-file=", "--user=root"])
+            .spawn()
+            .expect("dnsmasq is needed: apt-get install dnsmasq-base");
+        Upstream(child)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Removes the host-wide state the proxy and the cluster DNS keep across restarts (on purpose).
+struct HostState;
+
+impl Drop for HostState {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("nft").args(["delete", "table", "ip", "cairn-proxy"]).output();
+        let _ = std::process::Command::new("ip").args(["addr", "del", "10.43.0.10/32", "dev", "lo"]).output();
+    }
+}
+
+/// A busybox httpd pod labelled app=web answering its own name; Ready while /tmp/ready exists.
+fn web_pod(node: &Server, name: &str) {
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, labels: {{app: web}}}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: main
+    image: {image}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "mkdir -p /www && echo {name} > /www/index.html && touch /tmp/ready && exec httpd -f -p 8080 -h /www"]
+    ports: [{{containerPort: 8080, name: http}}]
+    readinessProbe:
+      exec: {{command: [cat, /tmp/ready]}}
+      periodSeconds: 1
+      failureThreshold: 1
+"#,
+        image = busybox::BUSYBOX
+    );
+    node.ok_stdin(&["apply", "-f", "-"], &yaml);
+}
+
+/// `wget` in `pod`: the body, or `None` when it failed.
+fn fetch_in(node: &Server, pod: &str, url: &str) -> Option<String> {
+    // (busybox 1.35's wget crashes with -T.)
+    let out = node.kubectl(&["exec", pod, "--", "wget", "-qO-", url]);
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `GET /` on 127.0.0.1:`port` from the host: the body.
+fn fetch_host(port: u16) -> Option<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split("\r\n\r\n").nth(1).map(|b| b.trim().to_string())
+}
+
+/// The names answering `fetch` in up to `tries` attempts, stopping once `want` are seen.
+fn answers(tries: usize, want: usize, mut fetch: impl FnMut() -> Option<String>) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for _ in 0..tries {
+        seen.extend(fetch());
+        if seen.len() >= want {
+            break;
+        }
+    }
+    seen
+}
+
+fn names(v: &[&str]) -> BTreeSet<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn nft_table() -> String {
+    let out = std::process::Command::new("nft").args(["list", "table", "ip", "cairn-proxy"]).output().expect("nft");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One node with the proxy and the cluster DNS: names resolve (Services, headless pods, the host's
+/// upstream), a ClusterIP spreads over its ready pods and drops an unready one, a pod reaches itself
+/// through its Service, a node port answers on 127.0.0.1 and keeps answering while cairn is killed
+/// and restarted, and a deleted Service leaves no rule behind.
+#[test]
+fn traffic_through_cluster_ips_node_ports_and_the_cluster_dns() {
+    let _host = HostState;
+    let upstream_addr = "127.0.0.77";
+    let _upstream = Upstream::start(upstream_addr);
+    let dir = tempfile::tempdir().unwrap();
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {upstream_addr}\n")).unwrap();
+    let resolv = resolv.to_str().unwrap().to_string();
+    let mut node = node::Node::start_with("10.55.0.0/16", &["--disable-kube-proxy=false", "--resolv-conf", &resolv]);
+    eventually(60, || node::node_ready(&node));
+    web_pod(&node, "web-1");
+    web_pod(&node, "web-2");
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: client}}\nspec:\n  terminationGracePeriodSeconds: 0\n  \
+             containers:\n  - {{name: main, image: {}, imagePullPolicy: Never, command: [sleep, '3600']}}\n",
+            busybox::BUSYBOX
+        ),
+    );
+    for pod in ["web-1", "web-2", "client"] {
+        node.ok(&["wait", "--for=condition=Ready", &format!("pod/{pod}"), "--timeout=60s"]);
+    }
+    node.ok(&["expose", "pod", "web-1", "--name=web", "--port=80", "--target-port=http", "--type=NodePort"]);
+    node.ok(&["create", "service", "clusterip", "pods", "--clusterip=None", "--tcp=8080"]);
+    node.ok(&["patch", "svc", "pods", "--type=merge", "-p", r#"{"spec":{"selector":{"app":"web"}}}"#]);
+    let node_port: u16 = get(&node, &["svc", "web"], "{.spec.ports[0].nodePort}").parse().unwrap();
+
+    // The cluster DNS: the Service by its short and full names, the API, the host's upstream.
+    let both = names(&["web-1", "web-2"]);
+    // busybox's static wget cannot resolve names (static glibc has no NSS): nslookup, then the IP.
+    let lookup = |name: &str| {
+        let out = node.kubectl(&["exec", "client", "--", "nslookup", name]);
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let web_ip = get(&node, &["svc", "web"], "{.spec.clusterIP}");
+    for name in ["web", "web.default.svc.cluster.local"] {
+        let out = lookup(name);
+        assert!(out.contains(&format!("Address: {web_ip}")), "{name}: {out}");
+    }
+    let out = lookup("kubernetes.default.svc.cluster.local");
+    assert!(out.contains("Address: 10.43.0.1"), "{out}");
+    let out = lookup("ext.example.test");
+    assert!(out.contains("Address: 192.0.2.7"), "forwarded upstream: {out}");
+    let out = lookup("nothing.default.svc.cluster.local");
+    assert!(out.contains("NXDOMAIN"), "{out}");
+    let web1_ip = get(&node, &["pod", "web-1"], "{.status.podIP}");
+    let out = lookup("pods.default.svc.cluster.local");
+    assert!(out.contains(&format!("Address: {web1_ip}")), "headless: {out}");
+
+    // Service environment variables, as kubelet sets them.
+    let env = node.ok(&["exec", "client", "--", "sh", "-c", "echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"]);
+    assert_eq!(env.trim(), "10.43.0.1:443");
+
+    // The cluster IP spreads over both pods.
+    let url = format!("http://{web_ip}/");
+    assert_eq!(answers(30, 2, || fetch_in(&node, "client", &url)), both, "spread over both pods");
+
+    // Hairpin: a pod reaches itself through its Service.
+    assert!(answers(30, 1, || fetch_in(&node, "web-1", &url).filter(|n| n == "web-1")).contains("web-1"));
+
+    // A node port on 127.0.0.1 from the host.
+    assert_eq!(answers(30, 2, || fetch_host(node_port)), both, "node port spreads too");
+
+    // An unready pod leaves the Service's traffic.
+    node.ok(&["exec", "web-2", "--", "rm", "/tmp/ready"]);
+    let unready = || get(&node, &["endpoints", "web"], "{.subsets[0].notReadyAddresses[0].ip}");
+    eventually(30, || (!unready().is_empty()).then_some(()));
+    eventually(10, || (answers(10, 2, || fetch_host(node_port)) == names(&["web-1"])).then_some(()));
+    node.ok(&["exec", "web-2", "--", "touch", "/tmp/ready"]);
+    eventually(30, || (answers(10, 2, || fetch_host(node_port)) == both).then_some(()));
+
+    // kill -9: the rules stay in the kernel, so traffic flows while cairn is down and after.
+    let before = nft_table();
+    let dir = node.kill9_keep();
+    let down = answers(20, 2, || fetch_host(node_port));
+    node.start_again(dir);
+    assert_eq!(down, both, "traffic while cairn was down");
+    eventually(60, || node::node_ready(&node));
+    assert_eq!(answers(30, 2, || fetch_host(node_port)), both, "traffic after the restart");
+    assert_eq!(nft_table(), before, "a restart changed the rules");
+
+    // A deleted Service leaves nothing in the table.
+    node.ok(&["delete", "svc", "web", "pods"]);
+    eventually(10, || (!nft_table().contains("default/web/")).then_some(()));
+    assert!(fetch_host(node_port).is_none(), "the node port still answers");
 }

@@ -36,7 +36,7 @@ impl Cairn {
         let child = Command::new(binary::cairn_bin())
             .args(["server", "--bind-address", "127.0.0.1", "--https-listen-port", "0", "--log", "warn"])
             // Host-wide parts a benchmark of pods does not use.
-            .args(["--disable-kube-proxy"])
+            .args(["--disable-kube-proxy", "--disable=coredns"])
             .args(["--cluster-cidr", cluster_cidr])
             .arg("--data-dir")
             .arg(&data)

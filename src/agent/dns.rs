@@ -22,12 +22,14 @@ pub struct ClusterDns {
     /// Empty: `ClusterFirst` falls back to the host's resolvers, as kubelet without `--cluster-dns`.
     pub servers: Vec<String>,
     pub domain: String,
+    /// kubelet's `--resolv-conf`: what `dnsPolicy: Default` pods get (`None`: the host's).
+    pub resolv_conf: Option<std::path::PathBuf>,
 }
 
 impl Default for ClusterDns {
     /// k3s's defaults: the `kube-dns` Service at 10.43.0.10, `cluster.local`.
     fn default() -> Self {
-        ClusterDns { servers: vec!["10.43.0.10".into()], domain: "cluster.local".into() }
+        ClusterDns { servers: vec!["10.43.0.10".into()], domain: "cluster.local".into(), resolv_conf: None }
     }
 }
 
@@ -190,7 +192,7 @@ mod tests {
         assert_eq!(h.options, ["edns0", "ndots:2"]);
         assert_eq!(dns(json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet", "containers": []})), c);
         // Without a cluster DNS, ClusterFirst is the host's configuration.
-        let none = ClusterDns { servers: vec![], domain: "cluster.local".into() };
+        let none = ClusterDns { servers: vec![], domain: "cluster.local".into(), resolv_conf: None };
         assert_eq!(pod_dns(&pod(json!({"containers": []})), &none, &host()).config, h);
     }
 

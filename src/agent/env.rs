@@ -65,6 +65,10 @@ pub fn container_env(
 ) -> Result<(EnvVars, Vec<SkippedKeys>), EnvError> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut env = Env::default();
+    // Service variables first, so that `env` may refer to and override them (kubelet's mapping).
+    for (name, value) in super::service_env::pod_service_env(pod, objects.services()) {
+        env.set(name, value);
+    }
     let mut skipped = Vec::new();
     let mut config_maps: HashMap<String, ConfigMap> = HashMap::new();
     let mut secrets: HashMap<String, Secret> = HashMap::new();

@@ -19,8 +19,6 @@ pub mod pods;
 pub mod portforward;
 pub mod probes;
 pub mod runtime;
-// Not called yet: the agent does not list Services (see `service_env`).
-#[allow(dead_code)]
 pub mod service_env;
 pub mod sessions;
 pub mod spec;

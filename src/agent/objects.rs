@@ -1,10 +1,12 @@
 //! The ConfigMaps and Secrets one pod refers to, read through the client when its volumes or a
 //! container are set up (kubelet's configmap and secret managers with the `Get` strategy): each
-//! sync sees the objects as they are now, and a pod that refers to none costs no request.
+//! sync sees the objects as they are now, and a pod that refers to none costs no request. A
+//! container's start also lists the Services its environment describes (kubelet reads them from
+//! its Service informer).
 
 use std::collections::{BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::Api;
 
@@ -19,6 +21,7 @@ pub struct Fetched {
     volumes: HashMap<String, PersistentVolume>,
     csi_drivers: HashMap<String, CSIDriver>,
     attachments: HashMap<String, VolumeAttachment>,
+    services: Vec<Service>,
 }
 
 impl Objects for Fetched {
@@ -39,6 +42,9 @@ impl Objects for Fetched {
     }
     fn attachment(&self, name: &str) -> Option<VolumeAttachment> {
         self.attachments.get(name).cloned()
+    }
+    fn services(&self) -> &[Service] {
+        &self.services
     }
 }
 
@@ -90,10 +96,13 @@ pub async fn fetch(client: &kube::Client, pod: &Pod, wanted: &Wanted<'_>) -> Res
     if wanted.volumes {
         fetch_claims(client, pod, &mut out).await?;
     }
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    if !wanted.containers.is_empty() {
+        out.services = fetch_services(client, pod, ns).await?;
+    }
     if cm_names.is_empty() && secret_names.is_empty() {
         return Ok(out);
     }
-    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let (found_cms, found_secrets) = futures::join!(
@@ -105,6 +114,19 @@ pub async fn fetch(client: &kube::Client, pod: &Pod, wanted: &Wanted<'_>) -> Res
     }
     for (name, s) in secret_names.into_iter().zip(found_secrets?) {
         out.secrets.extend(s.map(|s| (name, s)));
+    }
+    Ok(out)
+}
+
+/// The Services of the pod's namespace (when `enableServiceLinks`) and `default/kubernetes`.
+async fn fetch_services(client: &kube::Client, pod: &Pod, ns: &str) -> Result<Vec<Service>, kube::Error> {
+    let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+    let mut out = Vec::new();
+    if links {
+        out = Api::<Service>::namespaced(client.clone(), ns).list(&Default::default()).await?.items;
+    }
+    if !(links && ns == "default") {
+        out.extend(Api::<Service>::namespaced(client.clone(), "default").get_opt("kubernetes").await?);
     }
     Ok(out)
 }

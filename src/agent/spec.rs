@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, SecurityContext};
 use sha2::{Digest, Sha256};
 
 use super::status::keys;
-use crate::dns::resolv::host_resolv_conf;
+use crate::dns::resolv::pod_resolv_conf;
 use crate::registry::kinds::pod_rules::ephemeral_as_container;
 use crate::runtime::cri;
 
@@ -183,7 +183,9 @@ pub fn sandbox_config(
         }),
         hostname,
         log_directory: log_dir.display().to_string(),
-        dns_config: pod.spec.as_ref().map(|_| super::dns::pod_dns(pod, cluster_dns, &host_resolv_conf()).config),
+        dns_config: pod.spec.as_ref().map(|_| {
+            super::dns::pod_dns(pod, cluster_dns, &pod_resolv_conf(cluster_dns.resolv_conf.as_deref())).config
+        }),
         port_mappings,
         labels,
         annotations: pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),

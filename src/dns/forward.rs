@@ -33,7 +33,7 @@ pub enum Error {
     Encode {
         name: Name,
         #[source]
-        source: hickory_server::proto::ProtoError,
+        source: Box<hickory_server::proto::ProtoError>,
     },
     #[error("asking {server} over {transport}: {source}")]
     Io {
@@ -183,7 +183,7 @@ pub async fn exchange(server: SocketAddr, query: &Query, timeout: Duration) -> R
 fn encode(msg: &Message) -> Result<Vec<u8>, Error> {
     msg.to_vec().map_err(|source| Error::Encode {
         name: msg.queries.first().map(|q| q.name().clone()).unwrap_or_default(),
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -245,6 +245,7 @@ pub async fn exchange_tcp(server: SocketAddr, msg: &Message, timeout: Duration) 
 }
 
 /// A query message for `name`/`qtype` with a random ID (for tests and the benchmark as a client).
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn query_message(name: &Name, qtype: RecordType) -> Message {
     let mut msg = Message::query();
     msg.metadata.op_code = OpCode::Query;

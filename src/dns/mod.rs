@@ -65,12 +65,17 @@ impl Config {
     }
 }
 
-/// Runs the cluster DNS until `shutdown`: binds the listeners (an error here is returned at once),
-/// starts the watches, waits up to [`SYNC_TIMEOUT`] for their first lists, then serves.
-pub async fn run(client: kube::Client, cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs the cluster DNS on `listeners` (bound from `cfg.listen` by the caller, so that a taken
+/// address fails the start) until `shutdown`: starts the watches, waits up to [`SYNC_TIMEOUT`] for
+/// their first lists, then serves.
+pub async fn run(
+    client: kube::Client,
+    cfg: Config,
+    listeners: server::Listeners,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let snapshot: server::Snapshot =
         Arc::new(ArcSwap::from_pointee(records::RecordSet::empty(&cfg.domain).context("starting the cluster DNS")?));
-    let listeners = server::Listeners::bind(&cfg.listen).await.context("starting the cluster DNS")?;
     if cfg.upstreams.is_empty() {
         tracing::warn!("cluster DNS has no upstream resolvers: names outside {} will fail", cfg.domain);
     }

@@ -96,7 +96,7 @@ pub enum Lookup {
     Answer(Answer),
     /// An ExternalName Service asked for an address: `cname`, followed by `target`'s records of the
     /// same type, resolved as any other name (CoreDNS's upstream lookup of the CNAME target).
-    Alias { cname: Record, target: Name },
+    Alias { cname: Box<Record>, target: Name },
 }
 
 /// An authoritative answer's sections.
@@ -275,11 +275,6 @@ impl RecordSet {
         }
     }
 
-    /// The cluster domain, fully qualified.
-    pub fn domain(&self) -> &Name {
-        &self.domain
-    }
-
     /// How many Services the set holds.
     pub fn service_count(&self) -> usize {
         self.services.values().map(HashMap::len).sum()
@@ -410,7 +405,7 @@ impl RecordSet {
                             if qtype == RecordType::ANY {
                                 return self.answer(ResponseCode::NoError, vec![cname], Vec::new());
                             }
-                            return Lookup::Alias { cname, target: target.clone() };
+                            return Lookup::Alias { cname: Box::new(cname), target: target.clone() };
                         }
                         Host::Ip(ip) => {
                             let record = if qtype == RecordType::ANY {

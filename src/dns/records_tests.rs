@@ -206,7 +206,7 @@ fn external_name_is_a_cname() {
     match set.lookup(&q, RecordType::A) {
         Lookup::Alias { cname, target } => {
             assert_eq!(target, name("db.example.org."));
-            assert_eq!(data(&[cname]), ["ext.default.svc.cluster.local. CNAME db.example.org."]);
+            assert_eq!(data(&[*cname]), ["ext.default.svc.cluster.local. CNAME db.example.org."]);
         }
         other => panic!("expected an alias, got {other:?}"),
     }

@@ -72,6 +72,29 @@ pub fn upstreams_from(etc: &str, resolved: Option<&str>) -> Vec<SocketAddr> {
     out
 }
 
+/// The upstreams in a resolv.conf given with `--resolv-conf`: every nameserver but the cluster
+/// DNS itself. Loopback ones are kept: the cluster DNS runs in the host's network namespace, where
+/// a local resolver answers (pods with `dnsPolicy: Default` cannot use them, as with kubelet).
+pub fn upstreams_in(conf: &ResolvConf, own: std::net::Ipv4Addr) -> Vec<SocketAddr> {
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for ip in conf.nameservers.iter().filter_map(|s| s.parse::<IpAddr>().ok()).filter(|ip| *ip != IpAddr::V4(own)) {
+        let addr = SocketAddr::new(ip, 53);
+        if !out.contains(&addr) {
+            out.push(addr);
+        }
+    }
+    out
+}
+
+/// The resolver configuration pods with `dnsPolicy: Default` get: `--resolv-conf` when given
+/// (an unreadable file reads as empty), else [`host_resolv_conf`].
+pub fn pod_resolv_conf(path: Option<&std::path::Path>) -> ResolvConf {
+    match path {
+        Some(p) => ResolvConf::parse(&std::fs::read_to_string(p).unwrap_or_default()),
+        None => host_resolv_conf(),
+    }
+}
+
 /// The host's resolver configuration as pods with `dnsPolicy: Default` get it (kubelet's
 /// `--resolv-conf`, chosen as k3s does). An unreadable file reads as empty.
 pub fn host_resolv_conf() -> ResolvConf {
@@ -114,6 +137,8 @@ mod tests {
         assert_eq!(upstreams_from(mixed, Some(resolved)), ["8.8.8.8:53".parse::<SocketAddr>().unwrap()]);
         assert_eq!(choose(mixed, Some(resolved)), mixed);
         assert_eq!(choose(stub, Some(resolved)), resolved);
+        let given = ResolvConf::parse("nameserver 127.0.0.77\nnameserver 10.43.0.10\nnameserver 127.0.0.77\n");
+        assert_eq!(upstreams_in(&given, [10, 43, 0, 10].into()), ["127.0.0.77:53".parse::<SocketAddr>().unwrap()]);
         let v6 = "nameserver ::1\nnameserver 2001:db8::53\n";
         assert_eq!(upstreams_from(v6, None), ["[2001:db8::53]:53".parse::<SocketAddr>().unwrap()]);
     }

@@ -145,7 +145,7 @@ impl Handler {
                 }
                 Lookup::Alias { cname, target } => {
                     metadata.authoritative = true;
-                    chain.push(cname);
+                    chain.push(*cname);
                     current = target;
                 }
                 Lookup::Forward => {

@@ -10,9 +10,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::TryStreamExt;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use rtnetlink::{
-    Handle, LinkBridge, LinkBridgePort, LinkDummy, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
-};
+use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use sha2::{Digest, Sha256};
 
 use super::spec::{Cidr, format_mac};
@@ -105,23 +103,13 @@ pub async fn ensure_bridge(h: &Handle, name: &str, gateway: Cidr, mtu: u32) -> R
     Ok(link)
 }
 
-/// Creates the dummy link `name` if it is missing, up, holding `addr`/32: an address of this host
-/// that pods reach through their default route (NodeLocal DNSCache's way of owning its address).
-pub async fn ensure_dummy(h: &Handle, name: &str, addr: Ipv4Addr) -> Result<()> {
-    let link = match get_link(h, name).await? {
-        Some(link) => link,
-        None => {
-            exists_ok(h.link().add(LinkDummy::new(name).build()).execute().await)
-                .with_context(|| format!("creating dummy link {name}"))?;
-            get_link(h, name).await?.ok_or_else(|| anyhow!("link {name} vanished right after it was created"))?
-        }
-    };
-    if link.kind != Some(InfoKind::Dummy) {
-        bail!("link {name} exists but is not a dummy link");
-    }
-    set_up(h, &link, name).await?;
+/// Adds `addr`/32 to the loopback link if it is missing: an address of this host that pods reach
+/// through their default route, with no rule in between (NodeLocal DNSCache's way of owning its
+/// address, on `lo` because not every kernel has dummy links).
+pub async fn ensure_loopback_address(h: &Handle, addr: Ipv4Addr) -> Result<()> {
+    let link = get_link(h, "lo").await?.ok_or_else(|| anyhow!("this network namespace has no loopback link"))?;
     exists_ok(h.address().add(link.index, addr.into(), 32).execute().await)
-        .with_context(|| format!("adding {addr}/32 to {name}"))
+        .with_context(|| format!("adding {addr}/32 to the loopback link"))
 }
 
 /// A locally administered unicast MAC derived from the bridge's name and gateway.

@@ -137,7 +137,8 @@ pub async fn kube_dns_service(registry: &Registry, ip: std::net::Ipv4Addr) -> Re
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "kube-dns", "namespace": "kube-system",
-            "labels": {"k8s-app": "kube-dns", "kubernetes.io/cluster-service": "true", "kubernetes.io/name": "CoreDNS"}},
+            "labels": {"k8s-app": "kube-dns", "kubernetes.io/cluster-service": "true", "kubernetes.io/name": "CoreDNS",
+                "service.kubernetes.io/service-proxy-name": "cairn-dns"}},
         "spec": {
             "type": "ClusterIP",
             "clusterIP": ip.to_string(),
@@ -147,7 +148,10 @@ pub async fn kube_dns_service(registry: &Registry, ip: std::net::Ipv4Addr) -> Re
             ],
         },
     });
-    upsert(registry, &services, service, |c, w| c["spec"]["ports"] != w["spec"]["ports"]).await
+    upsert(registry, &services, service, |c, w| {
+        c["spec"]["ports"] != w["spec"]["ports"] || c["metadata"]["labels"] != w["metadata"]["labels"]
+    })
+    .await
 }
 
 /// Creates `wanted`, or replaces the stored object when `differs` says it is not as wanted.

@@ -59,6 +59,10 @@ const EMPTY_DIR_MODE: u32 = 0o777;
 pub trait Objects {
     fn config_map(&self, ns: &str, name: &str) -> Option<ConfigMap>;
     fn secret(&self, ns: &str, name: &str) -> Option<Secret>;
+    /// The Services a container's environment describes (its namespace's and `default/kubernetes`).
+    fn services(&self) -> &[k8s_openapi::api::core::v1::Service] {
+        &[]
+    }
     /// A PersistentVolumeClaim of the pod's namespace.
     fn claim(&self, _name: &str) -> Option<PersistentVolumeClaim> {
         None

@@ -7,7 +7,7 @@ pub const BUSYBOX: &str = "docker.io/cairn-test/busybox:1";
 
 const APPLETS: &[&str] = &[
     "sh", "echo", "cat", "sleep", "httpd", "wget", "nc", "hostname", "ip", "true", "false", "test", "touch", "rm",
-    "dd", "mkdir", "head", "yes", "ls", "tar", "wc", "stty", "top", "ps",
+    "dd", "mkdir", "head", "yes", "ls", "tar", "wc", "stty", "top", "ps", "nslookup",
 ];
 
 /// The image as an OCI layout tarball (drop it in `agent/images/`).

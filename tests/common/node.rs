@@ -31,10 +31,10 @@ impl Node {
         std::fs::create_dir_all(&images).unwrap();
         std::fs::write(images.join("busybox.tar"), busybox_image()).unwrap();
         let mut args: Vec<String> = ["--disable-agent=false", "--cluster-cidr", cidr].map(String::from).to_vec();
-        // The service proxy owns host-wide state (one nftables table): only a test of Services
-        // traffic, which runs one node, would ask for it.
+        // The service proxy and the cluster DNS own host-wide state (one nftables table, the cluster
+        // DNS address): only the test of Services traffic, which runs one node, asks for them.
         if !extra.iter().any(|a| a.starts_with("--disable-kube-proxy")) {
-            args.extend(["--disable-kube-proxy"].map(String::from));
+            args.extend(["--disable-kube-proxy", "--disable=coredns"].map(String::from));
         }
         args.extend(extra.iter().map(|a| a.to_string()));
         let server = Server::start_with(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
@@ -43,7 +43,17 @@ impl Node {
 
     /// Kills cairn with SIGKILL (containerd and the containers stay) and starts it on the same data.
     pub fn restart_after_kill9(&mut self) {
-        let dir = self.server.take().expect("running").kill9();
+        let dir = self.kill9_keep();
+        self.start_again(dir);
+    }
+
+    /// Kills cairn with SIGKILL and keeps its data for [`Node::start_again`] (checks in between).
+    pub fn kill9_keep(&mut self) -> tempfile::TempDir {
+        self.server.take().expect("running").kill9()
+    }
+
+    /// Starts cairn again on the data [`Node::kill9_keep`] kept.
+    pub fn start_again(&mut self, dir: tempfile::TempDir) {
         self.server = Some(Server::start_with(dir, &self.args.iter().map(String::as_str).collect::<Vec<_>>()));
     }
 }
