@@ -32,6 +32,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 
 pub use link::{connect as netlink, ensure_loopback_address};
+pub use netfilter::binary as system_binary;
 pub use spec::Cidr;
 use spec::{AddResult, BridgeConf, CniError, Command, Conf, Dns, Env, Interface, IpConfig, Plugin, Route, code};
 

@@ -280,7 +280,7 @@ async fn restore(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// The iptables tools may live in an sbin directory that a runtime's PATH lacks.
+/// System tools (iptables, nft, ip) may live in an sbin directory that a service's PATH lacks.
 pub fn binary(name: &str) -> PathBuf {
     ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
         .iter()

@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt as _;
@@ -42,10 +41,10 @@ pub struct Host {
 impl Host {
     /// A command for `program`, inside the namespace if there is one.
     pub fn command(&self, program: &str) -> tokio::process::Command {
-        let program = binary(program);
+        let program = crate::net::system_binary(program);
         match &self.netns {
             Some(ns) => {
-                let mut c = tokio::process::Command::new(binary("ip"));
+                let mut c = tokio::process::Command::new(crate::net::system_binary("ip"));
                 c.args(["netns", "exec", ns]).arg(program);
                 c
             }
@@ -95,15 +94,6 @@ impl Host {
     pub async fn delete_table(&self) -> Result<()> {
         self.apply(&format!("add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n")).await
     }
-}
-
-/// The system tools may live in an sbin directory that a service's PATH lacks.
-pub fn binary(name: &str) -> PathBuf {
-    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-        .iter()
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// Parses `nft list table` output into a [`Ruleset`].

@@ -31,7 +31,7 @@ fn is_root(test: &str) -> bool {
 /// The programs the tests run; CI installs them (Debian: nftables, busybox-static, iproute2).
 fn require_tools() {
     for (tool, package) in [("nft", "nftables"), ("busybox", "busybox-static"), ("ip", "iproute2")] {
-        assert!(nft::binary(tool).is_absolute(), "{tool} is needed: apt-get install {package}");
+        assert!(crate::net::system_binary(tool).is_absolute(), "{tool} is needed: apt-get install {package}");
     }
 }
 
