@@ -158,9 +158,9 @@ pub fn spawn(
     client: &Client,
     services: &mut Informer<Service>,
     pods: &mut Informer<Pod>,
+    endpoints: &mut Informer<Endpoints>,
     shutdown: &CancellationToken,
 ) {
-    let mut endpoints = Informer::new(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
     let controller = Controller::for_stream(services.subscribe(), services.cache())
         .watches_stream(pods.subscribe(), pod_to_services(services.cache()))
         .watches_stream(endpoints.subscribe(), |ep| {
@@ -169,7 +169,6 @@ pub fn spawn(
     let reconciler = EndpointsController { client: client.clone(), pods: pods.cache(), endpoints: endpoints.cache() };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
     tokio::spawn(sweep_leftovers(client.clone(), services.subscribe(), services.cache(), endpoints.cache()));
-    endpoints.spawn(shutdown.clone());
 }
 
 /// Deletes the Endpoints of Services that are gone (upstream's `syncService` for a missing Service,

@@ -14,7 +14,6 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use tokio_util::sync::CancellationToken;
 
@@ -38,26 +37,19 @@ pub struct EndpointSlices {
     slices: Cache<EndpointSlice>,
 }
 
-/// Starts the controller on the shared Service and pod watches, with its own watch of slices.
+/// Starts the controller on the shared Service, pod and slice watches.
 pub fn spawn(
     client: &Client,
     services: &mut Informer<Service>,
     pods: &mut Informer<Pod>,
+    slices: &mut Informer<EndpointSlice>,
     shutdown: &CancellationToken,
 ) {
-    let mut slices = Informer::new(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default());
     let controller = Controller::for_stream(services.subscribe(), services.cache())
         .watches_stream(pods.subscribe(), pod_to_services(services.cache()))
-        .watches_stream(slices.subscribe(), |s| {
-            let labels = s.labels();
-            (labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY))
-                .then(|| labels.get(SERVICE_NAME_LABEL))
-                .flatten()
-                .map(|svc| ObjectRef::<Service>::new(svc).within(&s.namespace().unwrap_or_default()))
-        });
+        .watches_stream(slices.subscribe(), slice_to_service(MANAGED_BY));
     let reconciler = EndpointSlices { client: client.clone(), pods: pods.cache(), slices: slices.cache() };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
-    slices.spawn(shutdown.clone());
 }
 
 /// `podToEndpoint`.
@@ -78,7 +70,8 @@ fn endpoint(pod: &Pod, svc: &Service, ip: String) -> Endpoint {
     }
 }
 
-type PortList = Vec<(String, i32, String, Option<String>)>;
+/// A slice's ports as (name, port, protocol, appProtocol), sorted: the key slices are grouped by.
+pub(super) type PortList = Vec<(String, i32, String, Option<String>)>;
 
 fn to_ports(list: &PortList) -> Option<Vec<EndpointPort>> {
     Some(
@@ -153,17 +146,7 @@ impl Reconciler for EndpointSlices {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
         let uid = svc.uid().unwrap_or_default();
-        let mut existing: Vec<Arc<EndpointSlice>> = self
-            .slices
-            .state()
-            .into_iter()
-            .filter(|s| {
-                s.namespace().as_deref() == Some(&ns)
-                    && s.labels().get(SERVICE_NAME_LABEL) == Some(&name)
-                    && s.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
-            })
-            .collect();
-        existing.sort_by_key(|s| s.name_any());
+        let existing = managed(&self.slices, &ns, &name, MANAGED_BY);
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
         if selector(&svc).is_none() {
             // An ExternalName Service, or one whose selector was removed: its slices go.
@@ -175,80 +158,119 @@ impl Reconciler for EndpointSlices {
         let mut labels = derived_labels(&svc);
         labels.insert(SERVICE_NAME_LABEL.into(), name.clone());
         labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
-        let owner = controller_ref(&*svc);
-        // Existing slices by their ports, for reuse.
-        let mut reusable: BTreeMap<Option<PortList>, Vec<Arc<EndpointSlice>>> = BTreeMap::new();
-        for s in existing {
-            let endpoints_empty = s.endpoints.as_ref().is_none_or(Vec::is_empty);
-            let key = if endpoints_empty && s.ports.is_none() {
-                None
-            } else {
-                port_list(s.ports.as_ref()).or(Some(Vec::new()))
-            };
-            reusable.entry(key).or_default().push(s);
-        }
+        let template = ObjectMeta {
+            generate_name: Some(format!("{name}-")),
+            namespace: Some(ns.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![controller_ref(&*svc)]),
+            ..Default::default()
+        };
         let desired = desired(&svc, &selected_pods(&svc, &self.pods));
-        // Slices whose ports no group has any more are reused before new ones are made.
-        let mut pool: Vec<Arc<EndpointSlice>> = Vec::new();
-        reusable.retain(|ports, slices| {
-            let keep = desired.contains_key(ports);
-            if !keep {
-                pool.append(slices);
-            }
-            keep
-        });
-        for (ports, endpoints) in desired {
-            let chunks: Vec<Vec<Endpoint>> = if endpoints.is_empty() {
-                vec![Vec::new()]
-            } else {
-                endpoints.chunks(MAX_PER_SLICE).map(<[Endpoint]>::to_vec).collect()
-            };
-            let mut mine = reusable.remove(&ports).unwrap_or_default().into_iter();
-            for chunk in chunks {
-                let wanted = EndpointSlice {
-                    metadata: ObjectMeta {
-                        generate_name: Some(format!("{name}-")),
-                        namespace: Some(ns.clone()),
-                        labels: Some(labels.clone()),
-                        owner_references: Some(vec![owner.clone()]),
-                        ..Default::default()
-                    },
-                    address_type: "IPv4".into(),
-                    endpoints: Some(chunk),
-                    ports: ports.as_ref().and_then(to_ports),
-                };
-                match mine.next().or_else(|| pool.pop()) {
-                    Some(current) => {
-                        let same = current.endpoints.clone().unwrap_or_default()
-                            == wanted.endpoints.clone().unwrap_or_default()
-                            && port_list(current.ports.as_ref()) == port_list(wanted.ports.as_ref())
-                            && current.labels() == &labels
-                            && current.metadata.owner_references == wanted.metadata.owner_references;
-                        if !same {
-                            let mut replaced = wanted;
-                            replaced.metadata.name = current.metadata.name.clone();
-                            replaced.metadata.generate_name = current.metadata.generate_name.clone();
-                            replaced.metadata.resource_version = current.resource_version();
-                            api.replace(&current.name_any(), &PostParams::default(), &replaced).await?;
-                        }
-                    }
-                    None => {
-                        api.create(&PostParams::default(), &wanted).await?;
-                    }
-                }
-            }
-            for extra in mine {
-                delete(&api, &extra).await?;
-            }
-        }
-        for s in pool.iter().chain(reusable.values().flatten()) {
-            delete(&api, s).await?;
-        }
+        write(&api, existing, desired, template, MAX_PER_SLICE).await?;
         Ok(Action::await_change())
     }
 }
 
-async fn delete(api: &Api<EndpointSlice>, s: &EndpointSlice) -> Result<(), Error> {
+/// The slices of Service `ns/name` that `manager` manages, by name.
+pub(super) fn managed(slices: &Cache<EndpointSlice>, ns: &str, name: &str, manager: &str) -> Vec<Arc<EndpointSlice>> {
+    let mut found: Vec<Arc<EndpointSlice>> = slices
+        .state()
+        .into_iter()
+        .filter(|s| {
+            s.namespace().as_deref() == Some(ns)
+                && s.labels().get(SERVICE_NAME_LABEL).map(String::as_str) == Some(name)
+                && s.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(manager)
+        })
+        .collect();
+    found.sort_by_key(|s| s.name_any());
+    found
+}
+
+/// The Service a slice managed by `manager` belongs to.
+pub(super) fn slice_to_service(manager: &'static str) -> impl Fn(EndpointSlice) -> Option<ObjectRef<Service>> {
+    move |s| {
+        let labels = s.labels();
+        (labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(manager))
+            .then(|| labels.get(SERVICE_NAME_LABEL))
+            .flatten()
+            .map(|svc| ObjectRef::<Service>::new(svc).within(&s.namespace().unwrap_or_default()))
+    }
+}
+
+/// Brings a Service's `existing` slices to `desired` (endpoints grouped by their ports, at most
+/// `max` to a slice; the `None` group is the empty placeholder), each slice with `template`'s
+/// metadata: slices are reused for the same ports, then for any, creates and updates go first,
+/// deletes last.
+pub(super) async fn write(
+    api: &Api<EndpointSlice>,
+    existing: Vec<Arc<EndpointSlice>>,
+    desired: BTreeMap<Option<PortList>, Vec<Endpoint>>,
+    template: ObjectMeta,
+    max: usize,
+) -> Result<(), Error> {
+    let labels = template.labels.clone().unwrap_or_default();
+    // Existing slices by their ports, for reuse.
+    let mut reusable: BTreeMap<Option<PortList>, Vec<Arc<EndpointSlice>>> = BTreeMap::new();
+    for s in existing {
+        let endpoints_empty = s.endpoints.as_ref().is_none_or(Vec::is_empty);
+        let key =
+            if endpoints_empty && s.ports.is_none() { None } else { port_list(s.ports.as_ref()).or(Some(Vec::new())) };
+        reusable.entry(key).or_default().push(s);
+    }
+    // Slices whose ports no group has any more are reused before new ones are made.
+    let mut pool: Vec<Arc<EndpointSlice>> = Vec::new();
+    reusable.retain(|ports, slices| {
+        let keep = desired.contains_key(ports);
+        if !keep {
+            pool.append(slices);
+        }
+        keep
+    });
+    for (ports, endpoints) in desired {
+        let chunks: Vec<Vec<Endpoint>> = if endpoints.is_empty() {
+            vec![Vec::new()]
+        } else {
+            endpoints.chunks(max).map(<[Endpoint]>::to_vec).collect()
+        };
+        let mut mine = reusable.remove(&ports).unwrap_or_default().into_iter();
+        for chunk in chunks {
+            let wanted = EndpointSlice {
+                metadata: template.clone(),
+                address_type: "IPv4".into(),
+                endpoints: Some(chunk),
+                ports: ports.as_ref().and_then(to_ports),
+            };
+            match mine.next().or_else(|| pool.pop()) {
+                Some(current) => {
+                    let same = current.endpoints.clone().unwrap_or_default()
+                        == wanted.endpoints.clone().unwrap_or_default()
+                        && port_list(current.ports.as_ref()) == port_list(wanted.ports.as_ref())
+                        && current.labels() == &labels
+                        && current.metadata.owner_references == wanted.metadata.owner_references;
+                    if !same {
+                        let mut replaced = wanted;
+                        replaced.metadata.name = current.metadata.name.clone();
+                        replaced.metadata.generate_name = current.metadata.generate_name.clone();
+                        replaced.metadata.resource_version = current.resource_version();
+                        api.replace(&current.name_any(), &PostParams::default(), &replaced).await?;
+                    }
+                }
+                None => {
+                    api.create(&PostParams::default(), &wanted).await?;
+                }
+            }
+        }
+        for extra in mine {
+            delete(api, &extra).await?;
+        }
+    }
+    for s in pool.iter().chain(reusable.values().flatten()) {
+        delete(api, s).await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn delete(api: &Api<EndpointSlice>, s: &EndpointSlice) -> Result<(), Error> {
     match api.delete(&s.name_any(), &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),

@@ -1,6 +1,7 @@
 //! The control loops a single-node cluster needs from kube-controller-manager: namespace lifecycle,
 //! default service accounts, garbage collection by owner, event expiry, and storage (the volume
-//! binder, in-use protection of claims and volumes, generic ephemeral volumes, attach/detach).
+//! binder, in-use protection of claims and volumes, generic ephemeral volumes, attach/detach), and
+//! Services' Endpoints, EndpointSlices and the slices mirrored from hand-made Endpoints.
 //!
 //! Each is a [`runtime::Reconciler`] over typed objects, run by [`runtime::run`] on the in-process
 //! client (`crate::client`); none reaches into another. Event expiry is a periodic sweep instead (see
@@ -15,6 +16,7 @@ mod deployment;
 mod disruption;
 mod endpoints;
 mod endpointslice;
+mod endpointslicemirroring;
 mod ephemeral;
 mod event_ttl;
 mod expectations;
@@ -36,7 +38,8 @@ mod ttl_after_finished;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 
@@ -93,8 +96,11 @@ pub fn spawn_all(client: &Client, servicelb: bool, shutdown: &CancellationToken)
     cronjob::spawn(client, &mut jobs, shutdown);
     disruption::spawn(client, &mut pods, shutdown);
     let mut services = informer::Informer::new(Api::<Service>::all(client.clone()), watcher::Config::default());
-    endpoints::spawn(client, &mut services, &mut pods, shutdown);
-    endpointslice::spawn(client, &mut services, &mut pods, shutdown);
+    let mut endpoints = informer::Informer::new(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
+    let mut slices = informer::Informer::new(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default());
+    endpoints::spawn(client, &mut services, &mut pods, &mut endpoints, shutdown);
+    endpointslice::spawn(client, &mut services, &mut pods, &mut slices, shutdown);
+    endpointslicemirroring::spawn(client, &mut services, &mut endpoints, &mut slices, shutdown);
     let revisions = informer::Informer::new(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default());
     let claims = informer::Informer::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default());
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);
@@ -115,4 +121,6 @@ pub fn spawn_all(client: &Client, servicelb: bool, shutdown: &CancellationToken)
     claims.spawn(shutdown.clone());
     nodes.spawn(shutdown.clone());
     services.spawn(shutdown.clone());
+    endpoints.spawn(shutdown.clone());
+    slices.spawn(shutdown.clone());
 }
