@@ -206,6 +206,46 @@ fn check_load_balancer(s: &Server) {
     s.ok(&["delete", "node", "lb-node"]);
 }
 
+/// A Service without a selector takes its endpoints from an Endpoints written by hand, mirrored into
+/// a slice the proxy and the DNS read; the slice follows the Endpoints and goes with it.
+fn check_mirroring(s: &Server) {
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "legacy"},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}"#,
+    );
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"{"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "legacy", "labels": {"tier": "db"}},
+            "subsets": [{"addresses": [{"ip": "192.0.2.20"}], "notReadyAddresses": [{"ip": "192.0.2.21"}],
+                "ports": [{"name": "http", "port": 8080}]}]}"#,
+    );
+    let mirrored = |s: &Server| {
+        get(
+            s,
+            &["endpointslices", "-l", "kubernetes.io/service-name=legacy,tier=db"],
+            r#"{range .items[*]}{.metadata.labels.endpointslice\.kubernetes\.io/managed-by} {.metadata.ownerReferences[0].kind} {.ports[0].port}:{range .endpoints[*]}{.addresses[0]}={.conditions.ready};{end}{end}"#,
+        )
+    };
+    let want = "endpointslicemirroring-controller.k8s.io Endpoints 8080:192.0.2.20=true;192.0.2.21=false;";
+    eventually(10, || (mirrored(s) == want).then_some(()));
+    s.ok(&[
+        "patch",
+        "endpoints",
+        "legacy",
+        "--type=merge",
+        "-p",
+        r#"{"subsets": [{"addresses": [{"ip": "192.0.2.21"}], "ports": [{"name": "http", "port": 8080}]}]}"#,
+    ]);
+    let want = "endpointslicemirroring-controller.k8s.io Endpoints 8080:192.0.2.21=true;";
+    eventually(10, || (mirrored(s) == want).then_some(()));
+    // The hand-written Endpoints is left as written (no controller owns it).
+    assert_eq!(get(s, &["endpoints", "legacy"], "{.subsets[0].addresses[0].ip}"), "192.0.2.21");
+    s.ok(&["delete", "endpoints", "legacy"]);
+    eventually(10, || mirrored(s).is_empty().then_some(()));
+    s.ok(&["delete", "svc", "legacy"]);
+}
+
 #[test]
 fn services_endpoints_and_their_refusals() {
     let s = Server::start();
@@ -213,6 +253,7 @@ fn services_endpoints_and_their_refusals() {
     check_refusals(&s);
     check_load_balancer(&s);
     check_expose_and_endpoints(&s);
+    check_mirroring(&s);
 }
 
 fn service(name: &str, ty: &str) -> Service {
@@ -391,8 +432,14 @@ fn fetch_in(node: &Server, pod: &str, url: &str) -> Option<String> {
 
 /// `GET /` on 127.0.0.1:`port` from the host: the body.
 fn fetch_host(port: u16) -> Option<String> {
+    fetch_at("127.0.0.1", port)
+}
+
+/// `GET /` on `ip`:`port` from the host: the body.
+fn fetch_at(ip: &str, port: u16) -> Option<String> {
     use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).ok()?;
+    let addr = std::net::SocketAddr::new(ip.parse().ok()?, port);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
     let mut out = String::new();
@@ -416,9 +463,23 @@ fn names(v: &[&str]) -> BTreeSet<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
+/// The proxy's table, less the affinity sets' countdowns (`expires 2h59m57s`), which tick on their own.
 fn nft_table() -> String {
     let out = std::process::Command::new("nft").args(["list", "table", "ip", "cairn-proxy"]).output().expect("nft");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let text = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = text.split(' ').collect();
+    let mut kept = Vec::with_capacity(words.len());
+    let mut skip = false;
+    for w in words {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        skip = w == "expires";
+        if !skip {
+            kept.push(w);
+        }
+    }
+    kept.join(" ")
 }
 
 /// One node with the proxy and the cluster DNS: names resolve (Services, headless pods, the host's
@@ -490,6 +551,46 @@ fn traffic_through_cluster_ips_node_ports_and_the_cluster_dns() {
     // A node port on 127.0.0.1 from the host.
     assert_eq!(answers(30, 2, || fetch_host(node_port)), both, "node port spreads too");
 
+    // ClientIP session affinity pins the client to one pod.
+    node.ok(&["create", "service", "clusterip", "sticky", "--tcp=80:8080"]);
+    node.ok(&[
+        "patch",
+        "svc",
+        "sticky",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"selector":{"app":"web"},"sessionAffinity":"ClientIP"}}"#,
+    ]);
+    let sticky = format!("http://{}/", get(&node, &["svc", "sticky"], "{.spec.clusterIP}"));
+    let first = eventually(30, || fetch_in(&node, "client", &sticky));
+    for _ in 0..10 {
+        assert_eq!(fetch_in(&node, "client", &sticky).as_deref(), Some(first.as_str()), "affinity did not pin");
+    }
+
+    // A LoadBalancer gets the node's address and answers on it.
+    node.ok(&["create", "service", "loadbalancer", "lb", "--tcp=8081:8080"]);
+    node.ok(&["patch", "svc", "lb", "--type=merge", "-p", r#"{"spec":{"selector":{"app":"web"}}}"#]);
+    let lb_ip = eventually(30, || {
+        Some(get(&node, &["svc", "lb"], "{.status.loadBalancer.ingress[0].ip}")).filter(|ip| !ip.is_empty())
+    });
+    let node_ip = get(&node, &["node"], r#"{.items[0].status.addresses[?(@.type=="InternalIP")].address}"#);
+    assert_eq!(lb_ip, node_ip, "the load balancer's address");
+    assert_eq!(answers(30, 2, || fetch_at(&lb_ip, 8081)), both, "the load balancer spreads");
+
+    // kubectl port-forward to a Service (kubectl picks one of its pods).
+    let local = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut forward = std::process::Command::new(common::kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .args(["port-forward", "svc/web", &format!("{local}:80")])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let got = eventually(20, || fetch_host(local));
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert!(both.contains(&got), "port-forward svc/web answered {got:?}");
+
     // An unready pod leaves the Service's traffic.
     node.ok(&["exec", "web-2", "--", "rm", "/tmp/ready"]);
     let unready = || get(&node, &["endpoints", "web"], "{.subsets[0].notReadyAddresses[0].ip}");
@@ -509,7 +610,7 @@ fn traffic_through_cluster_ips_node_ports_and_the_cluster_dns() {
     assert_eq!(nft_table(), before, "a restart changed the rules");
 
     // A deleted Service leaves nothing in the table.
-    node.ok(&["delete", "svc", "web", "pods"]);
+    node.ok(&["delete", "svc", "web", "pods", "sticky", "lb"]);
     eventually(10, || (!nft_table().contains("default/web/")).then_some(()));
     assert!(fetch_host(node_port).is_none(), "the node port still answers");
 }
