@@ -35,8 +35,9 @@ impl Cairn {
         let kubeconfig = dir.path().join("kubeconfig.yaml");
         let child = Command::new(binary::cairn_bin())
             .args(["server", "--bind-address", "127.0.0.1", "--https-listen-port", "0", "--log", "warn"])
-            // Host-wide parts a benchmark of pods does not use.
-            .args(["--disable-kube-proxy", "--disable=coredns"])
+            // Host-wide parts a benchmark of pods does not use, unless it asks for the proxy.
+            .args(extra.iter().all(|a| !a.starts_with("--disable-kube-proxy")).then_some("--disable-kube-proxy"))
+            .arg("--disable=coredns")
             .args(["--cluster-cidr", cluster_cidr])
             .arg("--data-dir")
             .arg(&data)

@@ -8,7 +8,7 @@
 //! # Guarantees
 //! - The table is never flushed: a (re)started proxy reads what the kernel holds and changes only
 //!   the difference, so traffic keeps flowing while cairn is down or restarting, and the rules stay
-//!   when it stops (uninstall and tests remove them with [`cleanup`]).
+//!   when it stops (`nft delete table ip cairn-proxy` removes them; tests use [`cleanup`]).
 //! - Anything in the table that the model does not ask for (a stale chain, a rule added by hand) is
 //!   removed by the next full resync, every [`Config::sync_period`] (kube-proxy's `syncPeriod`).
 //! - It coexists with the CNI's iptables(-nft) chains: other tables, its own mark bit (0x4000, the

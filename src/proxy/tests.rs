@@ -411,7 +411,7 @@ async fn measure_endpoint_change_with_1000_services() {
     );
 
     let rounds = 20;
-    let (mut inc, mut full, mut read) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut inc, mut full, mut read, mut plan) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
         // One endpoint of one Service replaced.
         let sp = &mut ports[(r * 37) % 1000];
@@ -427,6 +427,12 @@ async fn measure_endpoint_change_with_1000_services() {
         host.apply(&nft::full_script(&desired)).await.unwrap();
         full.push(t.elapsed());
 
+        // Of the incremental sync, the part in cairn: the rules wanted and the difference.
+        let t = Instant::now();
+        let wanted = rules::desired(&cfg.settings(), &ports);
+        let _ = nft::plan(&desired, &wanted);
+        plan.push(t.elapsed());
+
         let t = Instant::now();
         let _ = host.read().await.unwrap();
         read.push(t.elapsed());
@@ -436,9 +442,9 @@ async fn measure_endpoint_change_with_1000_services() {
         v.sort();
         v[v.len() / 2]
     };
-    let (i, f, r) = (med(&mut inc), med(&mut full), med(&mut read));
+    let (i, f, r, p) = (med(&mut inc), med(&mut full), med(&mut read), med(&mut plan));
     let max = inc.iter().max().copied().unwrap_or_default();
-    println!("endpoint change -> in kernel, incremental: median {i:?} (max {max:?})");
+    println!("endpoint change -> in kernel, incremental: median {i:?} (max {max:?}), of which planning {p:?}");
     println!(
         "same change as a full rewrite: median {f:?}; ratio full/incremental {:.1}x",
         f.as_secs_f64() / i.as_secs_f64()
