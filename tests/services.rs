@@ -576,6 +576,7 @@ fn traffic_through_cluster_ips_node_ports_and_the_cluster_dns() {
     let node_ip = get(&node, &["node"], r#"{.items[0].status.addresses[?(@.type=="InternalIP")].address}"#);
     assert_eq!(lb_ip, node_ip, "the load balancer's address");
     assert_eq!(answers(30, 2, || fetch_at(&lb_ip, 8081)), both, "the load balancer spreads");
+    assert_eq!(answers(30, 2, || fetch_at(&node_ip, node_port)), both, "a node port on the node's address");
 
     // kubectl port-forward to a Service (kubectl picks one of its pods).
     let local = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
