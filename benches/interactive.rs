@@ -23,25 +23,18 @@ mod oci_image;
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use busybox::BUSYBOX;
-use node::Cairn;
+use node::{Cairn, kubectl_path};
 use serde_json::Value;
 
 const SIZE_MIB: usize = 100;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn kubectl_path() -> PathBuf {
-    std::env::var_os("KUBECTL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/kubectl"))
 }
 
 fn kubectl(cairn: &Cairn, env: &[(&str, &str)], args: &[&str]) -> Result<Output> {

@@ -13,6 +13,13 @@ use anyhow::{Context as _, Result, bail};
 use super::binary;
 use super::busybox::{BUSYBOX, busybox_image};
 
+/// The kubectl the benches drive: `KUBECTL`, or the one the setup script put in `.venv`.
+pub fn kubectl_path() -> PathBuf {
+    std::env::var_os("KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/kubectl"))
+}
+
 /// The running server; SIGTERMed when dropped.
 pub struct Cairn {
     pub child: Child,
