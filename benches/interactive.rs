@@ -173,6 +173,8 @@ fn main() -> Result<()> {
         let (d, f) = (median(direct), median(forwarded));
         println!("  direct to the pod IP: {d:.0}; port-forward ({label}): {f:.0}  ({:.2}x direct)", f / d);
     }
-    let _ = kubectl(&cairn, &[], &["delete", "pod", "bench", "--wait=false"]);
+    // Waiting for the pod to be gone lets the agent tear its sandbox and network namespace down
+    // before cairn stops.
+    let _ = kubectl(&cairn, &[], &["delete", "pod", "bench", "--grace-period=1", "--timeout=60s"]);
     Ok(())
 }

@@ -148,6 +148,8 @@ fn run(requests: usize) -> Result<()> {
         s[2] / d[2],
         s[3] / d[3]
     );
-    let _ = kubectl(&cairn, &["delete", "svc,pod", "bench", "--wait=false"], None);
+    // Waiting for the pod to be gone lets the agent tear its sandbox and network namespace down
+    // before cairn stops.
+    let _ = kubectl(&cairn, &["delete", "svc,pod", "bench", "--grace-period=1", "--timeout=60s"], None);
     Ok(())
 }
