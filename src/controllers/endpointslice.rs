@@ -270,7 +270,7 @@ pub(super) async fn write(
     Ok(())
 }
 
-pub(super) async fn delete(api: &Api<EndpointSlice>, s: &EndpointSlice) -> Result<(), Error> {
+async fn delete(api: &Api<EndpointSlice>, s: &EndpointSlice) -> Result<(), Error> {
     match api.delete(&s.name_any(), &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),

@@ -116,9 +116,8 @@ impl Reconciler for Mirroring {
             .filter(|ep| mirrored(&svc) && ep.labels().get(SKIP_MIRROR_LABEL).map(String::as_str) != Some("true"));
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
         let Some(ep) = ep else {
-            if !existing.is_empty() {
-                write(&api, existing, BTreeMap::new(), ObjectMeta::default(), MAX_PER_SUBSET).await?;
-            }
+            // Nothing to mirror: the slices made earlier go.
+            write(&api, existing, BTreeMap::new(), ObjectMeta::default(), MAX_PER_SUBSET).await?;
             return Ok(Action::await_change());
         };
         let mut labels = ep.labels().clone();
