@@ -282,6 +282,9 @@ struct ServerArgs {
     /// kubelet's root directory (its --root-dir): plugins_registry/, plugins/ [default: /var/lib/kubelet as root, <data-dir>/agent/kubelet otherwise]
     #[arg(long)]
     kubelet_root_dir: Option<PathBuf>,
+    /// kubelet's --cgroup-root: the cgroup pods go under (as `<root>/kubepods`); agents sharing a machine each need their own
+    #[arg(long, default_value = "/")]
+    cgroup_root: String,
     /// Where the built-in local-path class makes its volumes [default: <data-dir>/storage]
     #[arg(long)]
     default_local_storage_path: Option<PathBuf>,
@@ -512,6 +515,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         tls_san: args.tls_san.clone(),
         token,
         kubelet_root_dir,
+        cgroup_root: args.cgroup_root.clone(),
         local_storage_path,
         node_name,
         store_cache_mib: args.store_cache_mib,

@@ -47,6 +47,8 @@ pub struct ServerConfig {
     pub services: ServicesConfig,
     /// `--kubelet-root-dir`: plugin registration and CSI staging.
     pub kubelet_root_dir: PathBuf,
+    /// `--cgroup-root`: the cgroup the agent's `kubepods` goes under.
+    pub cgroup_root: String,
     /// `--default-local-storage-path`: the built-in driver's volumes.
     pub local_storage_path: PathBuf,
 }
@@ -255,6 +257,7 @@ async fn start_control_plane(
                 domain: cfg.services.cluster_domain.clone(),
                 resolv_conf: cfg.services.resolv_conf.clone(),
             },
+            cgroup_root: cfg.cgroup_root.clone(),
         };
         if cfg.services.dns {
             start_cluster_dns(&cfg.services, client::in_process(app.clone(), client::proxy()), &shutdown)

@@ -735,6 +735,38 @@ spec:
     node.ok(&["delete", "pod", "classy", "unhandled", "--wait=false"]);
 }
 
+/// Two agents on one machine, each under its own `--cgroup-root`: one that restarts (and at start
+/// removes the cgroups of pods it does not run, as kubelet's housekeeping does) leaves the other's
+/// pods running, in their own cgroups.
+#[test]
+fn agents_sharing_a_machine_leave_each_others_pods_alone() {
+    let _host = HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let first = Node::start("10.52.0.0/16");
+    let mut second = Node::start("10.53.0.0/16");
+    for node in [&first, &second] {
+        eventually(60, || node_ready(node));
+    }
+    first.ok_stdin(&["apply", "-f", "-"], &pod_yaml("stays", "", "", "sleep 3600"));
+    let pod = first.wait_pod("stays", 60, "Running", running);
+    let (uid, id) = (pod["metadata"]["uid"].as_str().unwrap().to_string(), container(&pod, 0)["containerID"].clone());
+    let root = common::cgroup_root(&first.dir);
+    let pod_cgroup = format!("/sys/fs/cgroup/memory{root}/kubepods/besteffort/pod{uid}");
+    let unified = format!("/sys/fs/cgroup{root}/kubepods/besteffort/pod{uid}");
+    let exists = || std::path::Path::new(&pod_cgroup).is_dir() || std::path::Path::new(&unified).is_dir();
+    assert!(exists(), "no cgroup for the pod at {pod_cgroup} or {unified}");
+
+    second.restart_after_kill9();
+    eventually(60, || node_ready(&second));
+    // A pod of its own running after the restart: its start-up housekeeping has run by then.
+    second.ok_stdin(&["apply", "-f", "-"], &pod_yaml("own", "", "", "sleep 3600"));
+    second.wait_pod("own", 60, "Running", running);
+    let pod = first.pod("stays");
+    assert!(running(&pod) && restarts(&pod) == 0 && container(&pod, 0)["containerID"] == id, "{pod:#}");
+    assert!(exists(), "the pod's cgroup was removed by the other agent");
+    first.ok(&["delete", "pod", "stays", "--wait=false"]);
+    second.ok(&["delete", "pod", "own", "--wait=false"]);
+}
+
 /// `GET path` on the node endpoint at 127.0.0.1:`port` (see [`https_request`]).
 fn https_get(node: &Server, port: u16, path: &str, client: Option<&str>) -> (u16, String) {
     https_request(node, port, "GET", path, client, &[])

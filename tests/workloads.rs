@@ -844,7 +844,13 @@ fn check_drain(node: &Server) {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("Cannot evict pod as it would violate the pod's disruption budget."), "{text}");
     assert!(node.ok(&["get", "node", &name]).contains("SchedulingDisabled"));
-    assert_eq!(pod_counts(node, "app=guarded"), (2, 2), "a pod went although the budget allowed none");
+    assert_eq!(
+        pod_counts(node, "app=guarded"),
+        (2, 2),
+        "a pod went although the budget allowed none\n{}\n--- server log ---\n{}",
+        node.ok(&["get", "pods", "-o", "yaml"]),
+        node.log()
+    );
 
     // One allowed: one pod goes; its replacement cannot be scheduled on the cordoned node, so the
     // second eviction waits.

@@ -70,6 +70,8 @@ pub struct Config {
     pub gpus: Option<crate::devices::nvidia::Gpus>,
     /// The cluster DNS pods are pointed at (k3s: 10.43.0.10, cluster.local).
     pub cluster_dns: dns::ClusterDns,
+    /// kubelet's `--cgroup-root`: pods go under `<cgroup_root>/kubepods`.
+    pub cgroup_root: String,
 }
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
@@ -122,7 +124,7 @@ pub fn start(
     } else {
         crate::cgroups::Driver::Cgroupfs
     };
-    let cgroups = match crate::cgroups::Manager::new(driver, "kubepods") {
+    let cgroups = match crate::cgroups::Manager::new(driver, &cfg.cgroup_root) {
         Ok(m) => Some(m),
         Err(e) => {
             tracing::warn!("node agent: pods run without pod cgroups: {e}");

@@ -1,5 +1,6 @@
-//! The node's cgroup manager, as kubelet's container manager lays cgroups out: `kubepods` at the
-//! root of each hierarchy (kubelet's `cgroupRoot` "/"), the `burstable` and `besteffort` QoS tiers
+//! The node's cgroup manager, as kubelet's container manager lays cgroups out: `kubepods` below
+//! the `--cgroup-root` of each hierarchy (`/` by default, as kubelet's; agents sharing one machine
+//! each take their own, or each would remove the others' pods as orphans), the `burstable` and `besteffort` QoS tiers
 //! under it, and one cgroup per pod (`pod<uid>`) in the tier of its QoS class; Guaranteed pods sit
 //! directly under `kubepods`. Containers go below their pod's cgroup: the runtime creates them from
 //! the `cgroup_parent` given in the sandbox config and the limits of [`container_resources`].
@@ -34,6 +35,8 @@ use tracing::{debug, info, warn};
 use resources::{MIN_SHARES, hugepage_size_name, milli_cpu_to_shares, pod_cpu_request, shares_to_weight};
 pub use resources::{PodResources, QosClass, container_resources, pod_resources, qos_class};
 
+/// The node-allocatable cgroup below `--cgroup-root` that holds every pod.
+const KUBEPODS: &str = "kubepods";
 const BURSTABLE: &str = "burstable";
 const BEST_EFFORT: &str = "besteffort";
 const POD_PREFIX: &str = "pod";
@@ -131,6 +134,27 @@ pub enum Error {
 struct CgroupName(Vec<String>);
 
 impl CgroupName {
+    /// A cgroup given in the driver's form: `ParseCgroupfsToCgroupName` (`/a/b`) or
+    /// `ParseSystemdToCgroupName` (`/a.slice/a-b.slice`, or `a-b.slice`: the last slice names it).
+    fn parse(driver: Driver, name: &str) -> Result<CgroupName, Error> {
+        let parts: Vec<String> = match driver {
+            Driver::Cgroupfs => name.split('/').filter(|p| !p.is_empty()).map(str::to_string).collect(),
+            Driver::Systemd => {
+                let last = name.rsplit('/').next().unwrap_or_default();
+                let slice = last.strip_suffix(SYSTEMD_SUFFIX).unwrap_or(last);
+                if slice.is_empty() || slice == "-" {
+                    Vec::new()
+                } else {
+                    slice.split('-').map(|p| p.replace('_', "-")).collect()
+                }
+            }
+        };
+        for part in &parts {
+            valid_component(part)?;
+        }
+        Ok(CgroupName(parts))
+    }
+
     fn child(&self, part: &str) -> CgroupName {
         let mut parts = self.0.clone();
         parts.push(part.to_string());
@@ -181,12 +205,13 @@ pub struct Manager {
 }
 
 impl Manager {
-    /// Detects the cgroup version and creates `root` ("kubepods" in production) with its
+    /// Detects the cgroup version and creates `kubepods` below `cgroup_root` (kubelet's
+    /// `--cgroup-root`, `/` by default, in the driver's form: `/a/b` or `/a.slice`) with its
     /// `burstable` and `besteffort` tiers in every controller; besteffort gets the minimum CPU
     /// shares, as kubelet's QoS container manager sets.
-    pub fn new(driver: Driver, root: &str) -> Result<Manager, Error> {
-        let manager =
-            Manager { driver, version: Version::detect(), root: CgroupName(vec![valid_component(root)?.to_string()]) };
+    pub fn new(driver: Driver, cgroup_root: &str) -> Result<Manager, Error> {
+        let root = CgroupName::parse(driver, cgroup_root)?.child(KUBEPODS);
+        let manager = Manager { driver, version: Version::detect(), root };
         if manager.hierarchy().subsystems().is_empty() {
             return Err(Error::NoControllers);
         }
@@ -306,10 +331,17 @@ impl Manager {
         res
     }
 
-    /// Kills everything in the whole hierarchy under the root and removes it (node reset, tests).
+    /// Kills everything in the whole hierarchy under the root and removes it, with the parents
+    /// of the root that are left empty (tests).
     #[cfg(test)]
     pub fn remove_all(&self) -> Result<(), Error> {
-        self.destroy(&self.root)
+        self.destroy(&self.root)?;
+        for depth in (1..self.root.0.len()).rev() {
+            for dir in self.dirs(&CgroupName(self.root.0[..depth].to_vec())) {
+                let _ = fs::remove_dir(dir);
+            }
+        }
+        Ok(())
     }
 
     /// kubelet's `cgroupManager.Name`: the cgroup's path from the hierarchy root for the driver.

@@ -399,19 +399,39 @@ fn manager_creates_limits_lists_and_removes_pod_cgroups() {
 }
 
 #[test]
+fn cgroup_roots_parse_as_kubelet_parses_them() {
+    let parse = |driver, name| CgroupName::parse(driver, name).unwrap().0;
+    assert!(parse(Driver::Cgroupfs, "/").is_empty());
+    assert_eq!(parse(Driver::Cgroupfs, "/edge/agent-1/"), ["edge", "agent-1"]);
+    assert!(parse(Driver::Systemd, "/").is_empty());
+    assert!(parse(Driver::Systemd, "-.slice").is_empty());
+    assert_eq!(parse(Driver::Systemd, "/edge.slice/edge-agent_1.slice"), ["edge", "agent-1"]);
+    assert!(matches!(CgroupName::parse(Driver::Cgroupfs, "/a/../b"), Err(Error::InvalidName(_))));
+    let m = |driver, root| Manager { driver, version: Version::V2, root: CgroupName::parse(driver, root).unwrap() };
+    assert_eq!(
+        m(Driver::Cgroupfs, "/edge/kubepods").pod_parent("u", QosClass::Burstable),
+        "/edge/kubepods/burstable/podu"
+    );
+    assert_eq!(
+        m(Driver::Systemd, "edge-kubepods.slice").pod_parent("u-1", QosClass::BestEffort),
+        "/edge.slice/edge-kubepods.slice/edge-kubepods-besteffort.slice/edge-kubepods-besteffort-podu_1.slice"
+    );
+}
+
+#[test]
 fn systemd_driver_lays_out_slices() {
     if !is_root() {
         eprintln!("skipped: needs root");
         return;
     }
-    let root = format!("cairntest-sd-{}", std::process::id());
+    let root = format!("/cairntest_sd_{}.slice", std::process::id());
     let m = Manager::new(Driver::Systemd, &root).unwrap();
     let result = std::panic::catch_unwind(|| {
         let uid = "aaaa-bbbb";
         let res =
             pod_resources(&pod(containers(&[c("a", json!({"requests": rl("1", "32Mi"), "limits": rl("1", "32Mi")}))])));
         m.ensure_pod(uid, QosClass::Guaranteed, &res).unwrap();
-        let escaped = root.replace('-', "_");
+        let escaped = format!("cairntest_sd_{}-kubepods", std::process::id());
         let dir = controller_dir::<MemController>(&m, &m.pod_name(uid, QosClass::Guaranteed));
         assert!(dir.ends_with(format!("{escaped}.slice/{escaped}-podaaaa_bbbb.slice")), "{dir:?}");
         assert!(dir.is_dir());

@@ -61,6 +61,13 @@ impl Server {
                     .into_iter()
                     .flatten(),
             )
+            // ... and a cgroup root, or each agent would remove the others' pods as orphans.
+            .args(
+                (!extra.contains(&"--cgroup-root"))
+                    .then(|| ["--cgroup-root".to_string(), cgroup_root(&dir)])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
@@ -221,6 +228,38 @@ impl Drop for Server {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        remove_cgroups(&self.dir);
+    }
+}
+
+/// The `--cgroup-root` of the server on `dir`: its own, the same across restarts on that data.
+pub fn cgroup_root(dir: &tempfile::TempDir) -> String {
+    let name = dir.path().file_name().unwrap_or_default().to_string_lossy();
+    format!("/cairn-e2e-{}", name.trim_start_matches('.'))
+}
+
+/// Removes the (empty) cgroups an agent on `dir` left under its cgroup root, in every hierarchy.
+pub fn remove_cgroups(dir: &tempfile::TempDir) {
+    fn remove_tree(path: &Path) {
+        for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&entry.path());
+            }
+        }
+        let _ = std::fs::remove_dir(path);
+    }
+    let root = cgroup_root(dir);
+    let unified = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let hierarchies: Vec<PathBuf> = if unified {
+        vec![PathBuf::from("/sys/fs/cgroup")]
+    } else {
+        std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten().map(|e| e.path()).collect()
+    };
+    for hierarchy in hierarchies {
+        let path = hierarchy.join(root.trim_start_matches('/'));
+        if path.is_dir() {
+            remove_tree(&path);
         }
     }
 }

@@ -94,7 +94,8 @@ impl Drop for Node {
                 }
             });
         }
-        let _ = server.terminate(Duration::from_secs(30));
+        let (dir, _) = server.terminate(Duration::from_secs(30));
+        super::common::remove_cgroups(&dir);
     }
 }
 
