@@ -168,7 +168,8 @@ async fn start_control_plane(
     tracing::info!("store opened at revision {}", store.revision());
 
     let hostname = hostname::get().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());
-    let mut node_ips = local_ips();
+    let bridge = cfg.runtime.as_ref().map(|rc| rc.network().bridge);
+    let mut node_ips = local_ips(bridge.as_deref());
     if !cfg.bind_address.is_unspecified() && !node_ips.contains(&cfg.bind_address) {
         node_ips.push(cfg.bind_address);
     }
@@ -371,12 +372,13 @@ async fn start_cluster_dns(cfg: &ServicesConfig, client: kube::Client, shutdown:
     Ok(())
 }
 
-fn local_ips() -> Vec<IpAddr> {
+/// The host's addresses: not the loopback link's (which holds the cluster DNS address too), nor
+/// the pod bridge's (pod gateways, which the network sets up after this is read).
+fn local_ips(pod_bridge: Option<&str>) -> Vec<IpAddr> {
     let mut ips: Vec<IpAddr> = if_addrs::get_if_addrs()
         .unwrap_or_default()
         .into_iter()
-        // Not the loopback link's, which holds the cluster DNS address too.
-        .filter(|i| i.name != "lo")
+        .filter(|i| i.name != "lo" && Some(i.name.as_str()) != pod_bridge)
         .map(|i| i.ip())
         .filter(|ip| !ip.is_loopback() && !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
         .collect();
