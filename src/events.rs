@@ -159,7 +159,8 @@ impl Writer {
 
     /// Creates the event, or bumps the existing one. `None` when nothing could be written.
     async fn write(&self, key: &Key, action: &str, n: u64, prior: Option<(String, u64)>) -> Option<Recorded> {
-        let ns = key.object.namespace.as_str();
+        // Events about cluster-scoped objects (nodes) go to `default`, as client-go's recorder puts them.
+        let ns = Some(key.object.namespace.as_str()).filter(|n| !n.is_empty()).unwrap_or("default");
         let events = Request::new(Event::url_path(&(), Some(ns)));
         let now = Timestamp::now();
         if let Some((name, count)) = prior {

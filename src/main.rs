@@ -288,9 +288,19 @@ struct ServerArgs {
     /// Where the built-in local-path class makes its volumes [default: <data-dir>/storage]
     #[arg(long)]
     default_local_storage_path: Option<PathBuf>,
+    /// kube-controller-manager's: how long a node may send no heartbeat before it is Unknown, tainted and its pods evicted
+    #[arg(long, default_value = "50s", value_parser = parse_duration)]
+    node_monitor_grace_period: std::time::Duration,
     /// Log filter, e.g. `info` or `cairn=debug`
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
+}
+
+/// A duration as Kubernetes flags take it: `50s`, `1m30s`, `500ms`.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let invalid = || format!("invalid duration {s:?}: give it as e.g. 50s, 1m30s or 500ms");
+    let d: k8s_openapi::jiff::SignedDuration = s.parse().map_err(|_| invalid())?;
+    std::time::Duration::try_from(d).map_err(|_| invalid())
 }
 
 fn is_root() -> bool {
@@ -516,6 +526,8 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         token,
         kubelet_root_dir,
         cgroup_root: args.cgroup_root.clone(),
+        node_monitor_grace_period: args.node_monitor_grace_period,
+        cluster_cidr: args.cluster_cidr.parse::<net::Cidr>().ok().map(net::Cidr::net),
         local_storage_path,
         node_name,
         store_cache_mib: args.store_cache_mib,
@@ -703,4 +715,18 @@ fn run_server(args: ServerArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(server::run(cfg))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_as_kubernetes_flags_take_them() {
+        assert_eq!(super::parse_duration("50s"), Ok(Duration::from_secs(50)));
+        assert_eq!(super::parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(super::parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(super::parse_duration("-5s").is_err());
+        assert!(super::parse_duration("soon").unwrap_err().contains("e.g. 50s"));
+    }
 }

@@ -49,6 +49,10 @@ pub struct ServerConfig {
     pub kubelet_root_dir: PathBuf,
     /// `--cgroup-root`: the cgroup the agent's `kubepods` goes under.
     pub cgroup_root: String,
+    /// `--node-monitor-grace-period`.
+    pub node_monitor_grace_period: std::time::Duration,
+    /// `--cluster-cidr` when it is IPv4: the pod ranges Nodes are given.
+    pub cluster_cidr: Option<crate::net::Cidr>,
     /// `--default-local-storage-path`: the built-in driver's volumes.
     pub local_storage_path: PathBuf,
 }
@@ -284,7 +288,13 @@ async fn start_control_plane(
         .with_context(|| format!("writing the kubeconfig {}", cfg.write_kubeconfig.display()))?;
 
     let controller_client = client::in_process(app, client::controller_manager());
-    controllers::spawn_all(&controller_client, cfg.services.servicelb, &shutdown);
+    let options = controllers::Options {
+        servicelb: cfg.services.servicelb,
+        node_monitor_grace_period: cfg.node_monitor_grace_period,
+        cluster_cidr: cfg.cluster_cidr,
+        reserved_pod_ranges: cfg.runtime.iter().map(|rc| rc.network().subnet).collect(),
+    };
+    controllers::spawn_all(&controller_client, &options, &shutdown);
     let kubeconfig = cfg.write_kubeconfig.clone();
     let renew_url = url.clone();
     let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, move |p| {

@@ -1,7 +1,8 @@
-//! The control loops a single-node cluster needs from kube-controller-manager: namespace lifecycle,
+//! The control loops of kube-controller-manager: namespace lifecycle,
 //! default service accounts, garbage collection by owner, event expiry, and storage (the volume
 //! binder, in-use protection of claims and volumes, generic ephemeral volumes, attach/detach), and
-//! Services' Endpoints, EndpointSlices and the slices mirrored from hand-made Endpoints.
+//! Services' Endpoints, EndpointSlices and the slices mirrored from hand-made Endpoints, and node
+//! lifecycle (heartbeats, condition taints, taint-based eviction, pod ranges).
 //!
 //! Each is a [`runtime::Reconciler`] over typed objects, run by [`runtime::run`] on the in-process
 //! client (`crate::client`); none reaches into another. Event expiry is a periodic sweep instead (see
@@ -25,6 +26,8 @@ mod history;
 mod informer;
 mod job;
 mod namespace;
+mod nodeipam;
+mod nodelifecycle;
 mod ownership;
 pub mod persistentvolume;
 mod pods;
@@ -34,6 +37,7 @@ pub mod runtime;
 mod serviceaccount;
 mod servicelb;
 mod statefulset;
+mod tainteviction;
 mod ttl_after_finished;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
@@ -46,9 +50,21 @@ use kube::{Api, Client};
 pub use ephemeral::is_for_pod as ephemeral_is_for_pod;
 use tokio_util::sync::CancellationToken;
 
+/// What the controllers are run with.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Whether the built-in load balancer is one of them (`--disable=servicelb`).
+    pub servicelb: bool,
+    /// `--node-monitor-grace-period`: how long a node may stay silent before it is Unknown.
+    pub node_monitor_grace_period: std::time::Duration,
+    /// `--cluster-cidr` (IPv4), whose /24s Nodes get as `spec.podCIDR`; `None`: no allocation.
+    pub cluster_cidr: Option<crate::net::Cidr>,
+    /// Pod ranges in use that no Node names yet (the in-process agent's).
+    pub reserved_pod_ranges: Vec<crate::net::Cidr>,
+}
+
 /// Starts every controller; they stop when `shutdown` fires.
-/// Starts every controller; `servicelb` says whether the built-in load balancer is one of them.
-pub fn spawn_all(client: &Client, servicelb: bool, shutdown: &CancellationToken) {
+pub fn spawn_all(client: &Client, options: &Options, shutdown: &CancellationToken) {
     tokio::spawn(runtime::run(
         namespace::controller(client),
         namespace::Namespaces { client: client.clone() },
@@ -106,8 +122,13 @@ pub fn spawn_all(client: &Client, servicelb: bool, shutdown: &CancellationToken)
     statefulset::spawn(client, &mut pods, &revisions, &claims, shutdown);
     let mut nodes = informer::Informer::new(Api::<Node>::all(client.clone()), watcher::Config::default());
     daemonset::spawn(client, &mut pods, &mut nodes, &revisions, shutdown);
-    if servicelb {
+    if options.servicelb {
         servicelb::spawn(client, &mut services, &mut nodes, shutdown);
+    }
+    nodelifecycle::spawn(client, &mut nodes, &pods, options.node_monitor_grace_period, shutdown);
+    tainteviction::spawn(client, &mut pods, &mut nodes, shutdown);
+    if let Some(cidr) = options.cluster_cidr {
+        nodeipam::spawn(client, &mut nodes, cidr, options.reserved_pod_ranges.clone(), shutdown);
     }
     tokio::spawn(runtime::run(
         ttl_after_finished::controller(client),
