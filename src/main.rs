@@ -50,6 +50,8 @@ enum Command {
     Bench(BenchArgs),
     /// Run cairn's hostpath CSI driver as a separate process, as an external driver runs
     CsiHostpath(CsiHostpathArgs),
+    /// Report what this machine lacks to run cairn's node agent (kernel, cgroups, programs)
+    CheckConfig,
 }
 
 #[derive(Args, Debug)]
@@ -571,6 +573,14 @@ fn main() -> std::process::ExitCode {
         Command::Images(args) => run_images(args),
         Command::Bench(args) => run_bench(args),
         Command::CsiHostpath(args) => run_csi_hostpath(args),
+        Command::CheckConfig => {
+            let items = runtime::check_config::report(&runtime::check_config::Kernel::read(std::path::Path::new("/")));
+            return if runtime::check_config::print(&items) {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::FAILURE
+            };
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

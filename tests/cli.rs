@@ -140,6 +140,31 @@ fn a_missing_containerd_or_runc_names_the_package_to_install() {
     );
 }
 
+/// `cairn check-config` on this machine (CI installs what cairn needs) finds everything required;
+/// with an empty PATH it names what is missing and what to install, and fails.
+#[test]
+fn check_config_reports_what_the_machine_lacks() {
+    let out = cairn(&["check-config"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    for line in
+        ["ok       containerd: ", "ok       cgroup memory controller: enabled", "kernel: veth (a link per pod): "]
+    {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
+    assert!(
+        text.contains("Required:") && text.contains("Optional:") && text.ends_with("Everything cairn needs is here.\n")
+    );
+
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_cairn")).arg("check-config").env("PATH", "/nonexistent").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("missing  containerd: containerd was not found in PATH: install it (Debian/Ubuntu: apt-get install containerd)"), "{text}");
+    assert!(text.contains("missing  conntrack: stale UDP flows of Services are not cleared without it"), "{text}");
+    assert!(text.ends_with("cairn cannot run its node agent here until these are fixed: containerd.\n"), "{text}");
+}
+
 /// `packaging/install.sh --check` against a package database that has nothing: it names every package
 /// it would install, and installs nothing.
 #[test]

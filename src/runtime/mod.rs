@@ -2,6 +2,7 @@
 //! CRI client, the built-in sandbox image, air-gapped image import, and the pod network's CNI files.
 
 pub mod bench;
+pub mod check_config;
 pub mod containerd;
 pub mod cri;
 pub mod ctr;
