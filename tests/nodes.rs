@@ -124,7 +124,7 @@ fn a_silent_node_is_marked_unknown_tainted_and_evicted_from() {
     // The node with heartbeats is untouched, and the controller registered it.
     assert!(ready_condition(&node, &local).starts_with("True|KubeletReady"), "{}", ready_condition(&node, &local));
     assert_eq!(taints(&node, &local), "");
-    assert!(events(&node, &local).contains(&format!("Registered Node {local} in Controller")));
+    assert!(events(&node, &local).contains(&format!("Node {local} event: Registered Node {local} in Controller")));
 
     // Back: the kubelet posts again, and the taints go.
     heartbeat(&node, "edge-1");

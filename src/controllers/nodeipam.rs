@@ -5,7 +5,7 @@
 //! a Node holds. Ranges written but not yet seen in the cache are remembered until they are, so
 //! two Nodes made at once never get the same one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +43,8 @@ struct Allocations {
     next: u32,
     /// Node name → the range written to it, until the cache shows it.
     pending: HashMap<String, Cidr>,
+    /// Nodes told that no range is free (told once until one is).
+    waiting: HashSet<String>,
 }
 
 /// Starts the controller on the shared node watch. `reserved` are ranges taken outside the API.
@@ -111,10 +113,13 @@ impl Reconciler for NodeIpam {
 
     async fn reconcile(&self, node: Arc<Node>) -> Result<Action, Error> {
         let name = node.name_any();
-        let nodes = self.nodes.state();
         let (index, cidr) = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            // Read under the lock: a later reconcile never sees an older cache than an earlier one
+            // did, so a range dropped from `pending` below is in the cache it reads.
+            let nodes = self.nodes.state();
             state.pending.retain(|n, _| nodes.iter().any(|node| node.name_any() == *n && pod_cidr(node).is_none()));
+            state.waiting.retain(|n| nodes.iter().any(|node| node.name_any() == *n));
             if pod_cidr(&node).is_some() || state.pending.contains_key(&name) {
                 return Ok(Action::await_change());
             }
@@ -123,14 +128,23 @@ impl Reconciler for NodeIpam {
             used.extend(self.reserved.iter().copied());
             match free(self.cluster, state.next, &used) {
                 Some((index, cidr)) => {
+                    state.waiting.remove(&name);
                     state.pending.insert(name.clone(), cidr);
                     state.next = index.wrapping_add(1);
                     (index, cidr)
                 }
                 None => {
-                    tracing::warn!("node {name}: no free pod range is left in {}", self.cluster);
-                    let message = format!("Node {name} status is now: CIDRNotAvailable");
-                    self.recorder.record(EventObject::of(&*node), EventType::Normal, "CIDRNotAvailable", "", message);
+                    if state.waiting.insert(name.clone()) {
+                        tracing::warn!("node {name}: no free pod range is left in {}", self.cluster);
+                        let message = format!("Node {name} status is now: CIDRNotAvailable");
+                        self.recorder.record(
+                            EventObject::of(&*node),
+                            EventType::Normal,
+                            "CIDRNotAvailable",
+                            "",
+                            message,
+                        );
+                    }
                     return Ok(Action::requeue(RETRY));
                 }
             }

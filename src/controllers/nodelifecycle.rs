@@ -74,8 +74,6 @@ struct Health {
     probe: Instant,
     heartbeat: Option<Time>,
     renewed: Option<Timestamp>,
-    /// The Ready status the last pass left the node with (`None` before the first pass ends).
-    ready: Option<Option<String>>,
 }
 
 /// A token bucket of one token (client-go's `flowcontrol` limiter with burst 1); 0 qps never fills.
@@ -106,6 +104,8 @@ struct State {
     limiters: HashMap<String, Limiter>,
     /// Every node of every zone is not ready: no NoExecute taints.
     disrupted: bool,
+    /// Nodes whose pods could not all be marked not ready (upstream's `nodesToRetry`).
+    retry: HashSet<String>,
 }
 
 pub struct NodeLifecycle {
@@ -151,11 +151,13 @@ fn ready_status(node: &Node) -> Option<&str> {
     condition(node, "Ready").map(|c| c.status.as_str())
 }
 
-/// upstream's `GetZoneKey`: region and zone labels ("" when neither is set).
+/// upstream's `GetZoneKey`: region and zone labels, the beta ones first ("" when none is set).
 fn zone(node: &Node) -> String {
     let labels = node.labels();
-    let region = labels.get("topology.kubernetes.io/region").map(String::as_str).unwrap_or_default();
-    let zone = labels.get("topology.kubernetes.io/zone").map(String::as_str).unwrap_or_default();
+    let label =
+        |beta: &str, ga: &str| labels.get(beta).or_else(|| labels.get(ga)).map(String::as_str).unwrap_or_default();
+    let region = label("failure-domain.beta.kubernetes.io/region", "topology.kubernetes.io/region");
+    let zone = label("failure-domain.beta.kubernetes.io/zone", "topology.kubernetes.io/zone");
     if region.is_empty() && zone.is_empty() { String::new() } else { format!("{region}:\u{0}:{zone}") }
 }
 
@@ -284,7 +286,7 @@ impl NodeLifecycle {
                 }
                 _ => Duration::ZERO,
             };
-            Health { probe: now.checked_sub(age).unwrap_or(now), heartbeat: heartbeat.clone(), renewed, ready: None }
+            Health { probe: now.checked_sub(age).unwrap_or(now), heartbeat: heartbeat.clone(), renewed }
         });
         if heartbeat != health.heartbeat {
             health.heartbeat = heartbeat;
@@ -298,20 +300,14 @@ impl NodeLifecycle {
         now.duration_since(health.probe) > grace
     }
 
-    /// Records the Ready status this pass ends with and returns the one the last pass ended with
-    /// (`None`: this is the first pass since the controller started).
-    fn observe_ready(&self, name: &str, ready: Option<&str>) -> Option<Option<String>> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let health = state.health.get_mut(name)?;
-        health.ready.replace(ready.map(str::to_string))
-    }
-
-    /// `handleDisruption`: zone states from the cached nodes; entering or leaving the mode where
-    /// every node is down. Returns whether that mode is on and the rate for `zone_of`'s zone.
-    fn disruption(&self, zone_of: &str, now: Instant) -> (bool, f64) {
+    /// `handleDisruption`: zone states from the cached nodes (`fresh` as this pass left it);
+    /// entering or leaving the mode where every node is down. Returns whether that mode is on and
+    /// the rate for `fresh`'s zone.
+    fn disruption(&self, fresh: &Node, now: Instant) -> (bool, f64) {
         let nodes = self.nodes.state();
         let mut zones: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
-        for n in nodes.iter().filter(|n| !n.labels().contains_key(EXCLUDE_DISRUPTION)) {
+        let others = nodes.iter().map(|n| &**n).filter(|n| n.metadata.name != fresh.metadata.name);
+        for n in others.chain([fresh]).filter(|n| !n.labels().contains_key(EXCLUDE_DISRUPTION)) {
             zones.entry(zone(n)).or_default().push(ready_status(n).map(str::to_string));
         }
         let states: BTreeMap<&String, (ZoneState, usize)> =
@@ -328,7 +324,7 @@ impl NodeLifecycle {
             }
         }
         state.disrupted = all_down;
-        let qps = states.get(&zone_of.to_string()).map_or(EVICTION_QPS, |(s, size)| zone_qps(*s, *size));
+        let qps = states.get(&zone(fresh)).map_or(EVICTION_QPS, |(s, size)| zone_qps(*s, *size));
         (all_down, qps)
     }
 
@@ -385,33 +381,37 @@ impl Reconciler for NodeLifecycle {
             state.health.retain(|n, _| live.contains(n));
             state.known.retain(|n| live.contains(n));
             if state.known.insert(name.clone()) {
-                let message = format!("Registered Node {name} in Controller");
+                let message = format!("Node {name} event: Registered Node {name} in Controller");
                 self.recorder.record(EventObject::of(&*node), EventType::Normal, "RegisteredNode", "", message);
             }
         }
         let mut node = (*node).clone();
+        // Upstream acts on the status it read (the one before its own update) for the NoExecute
+        // taints: a node this pass turns Unknown is tainted on the next pass.
+        let mut silenced_now = false;
         if self.silent(&node, now)
             && let Some(conditions) = silenced(&node, &stamp)
         {
             tracing::info!("node {name}: no heartbeat for {:?}; its status is now Unknown", self.grace);
+            let was_ready = ready_status(&node) == Some("True");
             node.status.get_or_insert_default().conditions = Some(conditions);
             node = nodes.replace_status(&name, &PostParams::default(), &node).await?;
-        }
-        // Ready → not ready (or not ready when first seen): the node's pods are not ready either.
-        let ready = ready_status(&node).map(str::to_string);
-        let before = self.observe_ready(&name, ready.as_deref());
-        if ready.as_deref().is_some_and(|r| r != "True") {
-            if before == Some(Some("True".into())) {
+            silenced_now = true;
+            if was_ready {
                 let message = format!("Node {name} status is now: NodeNotReady");
                 self.recorder.record(EventObject::of(&node), EventType::Normal, "NodeNotReady", "", message);
+                self.state.lock().unwrap_or_else(|e| e.into_inner()).retry.insert(name.clone());
             }
-            if before.flatten().as_deref() != ready.as_deref()
-                && let Err(e) = self.mark_pods_not_ready(&name).await
-            {
-                // Marked again on the next pass.
-                self.observe_ready(&name, Some("True"));
-                return Err(e);
-            }
+        }
+        // The node went from Ready to Unknown here (or marking failed before): its pods are not
+        // ready either.
+        let retry = self.state.lock().unwrap_or_else(|e| e.into_inner()).retry.remove(&name);
+        if retry
+            && ready_status(&node) != Some("True")
+            && let Err(e) = self.mark_pods_not_ready(&name).await
+        {
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).retry.insert(name.clone());
+            return Err(e);
         }
 
         // The taints: NoSchedule ones from the conditions, NoExecute ones rate limited.
@@ -426,8 +426,12 @@ impl Reconciler for NodeLifecycle {
             keep(key, "NoSchedule", &mut wanted);
         }
         let mut requeue = MONITOR_PERIOD;
-        let (disrupted, qps) = self.disruption(&zone(&node), now);
-        match no_execute(&node, disrupted) {
+        let (disrupted, qps) = self.disruption(&node, now);
+        let decision = match no_execute(&node, disrupted) {
+            NoExecute::Want(_) if silenced_now => NoExecute::Keep,
+            other => other,
+        };
+        match decision {
             NoExecute::Clear => {}
             NoExecute::Keep => {
                 for key in [NOT_READY, UNREACHABLE].into_iter().filter(|k| has(k, "NoExecute")) {
@@ -440,7 +444,11 @@ impl Reconciler for NodeLifecycle {
                 let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 let zone = zone(&node);
                 let limiter = state.limiters.entry(zone).or_insert(Limiter { qps, next: now });
-                limiter.qps = qps;
+                // A new rate starts with an empty bucket (client-go's `SwapLimiter`).
+                if limiter.qps != qps {
+                    limiter.qps = qps;
+                    limiter.next = if qps > 0.0 { now + Duration::from_secs_f64(1.0 / qps) } else { now };
+                }
                 // Swapping one NoExecute taint for the other costs nothing (upstream swaps at once).
                 let allowed = if has(other, "NoExecute") { Ok(()) } else { limiter.take(now) };
                 match allowed {

@@ -30,8 +30,8 @@ pub struct TaintEviction {
     client: Client,
     nodes: Cache<Node>,
     recorder: Recorder,
-    /// Pod uid → when its deletion was scheduled, and after how long.
-    pending: Mutex<HashMap<String, (Instant, Duration)>>,
+    /// Pod uid → when its deletion is due.
+    pending: Mutex<HashMap<String, Instant>>,
 }
 
 /// Starts the controller on the shared pod and node watches.
@@ -94,9 +94,9 @@ impl TaintEviction {
         }
     }
 
-    /// `addConditionAndDeletePod`, after the `TaintManagerEviction` event.
+    /// `addConditionAndDeletePod`, after the `TaintManagerEviction` event. A pending deletion
+    /// stays scheduled until the pod is gone, so a failed call is retried without a new wait.
     async fn evict(&self, pod: &Pod) -> Result<(), Error> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&pod.uid().unwrap_or_default());
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         tracing::info!("pod {ns}/{name}: deleted for a NoExecute taint of its node");
         let message = format!("Marking for deletion Pod {ns}/{name}");
@@ -123,9 +123,11 @@ impl TaintEviction {
             ..Default::default()
         };
         match api.delete(&name, &params).await {
-            Err(e) if gone(&e) => Ok(()),
-            other => other.map(drop).map_err(Into::into),
+            Err(e) if !gone(&e) => return Err(e.into()),
+            _ => {}
         }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&pod.uid().unwrap_or_default());
+        Ok(())
     }
 }
 
@@ -148,24 +150,31 @@ impl Reconciler for TaintEviction {
             self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&pod.uid().unwrap_or_default());
             return Ok(Action::await_change());
         }
+        let now = Instant::now();
         let after = match verdict(&taints, &tolerations) {
             Verdict::Stay => {
                 self.cancel(&pod);
                 return Ok(Action::await_change());
             }
-            Verdict::Evict => Duration::ZERO,
+            Verdict::Evict => {
+                // Deleted at once: whatever was scheduled is called off first, as upstream says.
+                self.cancel(&pod);
+                Duration::ZERO
+            }
             Verdict::EvictAfter(d) => d,
         };
-        let now = Instant::now();
-        let due = {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = pending.entry(pod.uid().unwrap_or_default()).or_insert((now, after));
-            // A shorter toleration than the one scheduled (a new taint) counts from now.
-            if now + after < entry.0 + entry.1 {
-                *entry = (now, after);
-            }
-            entry.0 + entry.1
+        // Tolerated for longer than this process can count: for ever.
+        let Some(wanted) = now.checked_add(after) else {
+            self.cancel(&pod);
+            return Ok(Action::await_change());
         };
+        // A deletion already scheduled keeps its time (upstream keeps the first timer).
+        let due = *self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(pod.uid().unwrap_or_default())
+            .or_insert(wanted);
         if due > now {
             return Ok(Action::requeue(due - now));
         }
