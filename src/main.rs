@@ -201,7 +201,7 @@ struct ServerArgs {
     /// Extra hostname or IP for the serving certificate (repeatable)
     #[arg(long = "tls-san")]
     tls_san: Vec<String>,
-    /// Shared secret that nodes use to join [default: generated into <data-dir>/server/token]
+    /// The join token: a secret, or the full K10<sha256 of the CA>::server:<secret> [default: generated; the full token is written to <data-dir>/server/token]
     #[arg(short = 't', long, env = "CAIRN_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// File holding the token

@@ -183,12 +183,26 @@ async fn start_control_plane(
     );
     let tls = pki.server_config().context("building the TLS configuration")?;
 
-    let token = match &cfg.token {
-        Some(t) => t.clone(),
-        None => load_or_create_token(&cfg.token_file())?,
+    let secret = match &cfg.token {
+        Some(t) => {
+            let token = pki::JoinToken::parse(t).map_err(|e| anyhow::anyhow!("invalid --token: {e}"))?;
+            let ours = pki::ca_hash(pki.ca_pem());
+            if let Some(hash) = token.ca_hash.filter(|h| *h != ours) {
+                bail!(
+                    "the --token pins the CA {hash}, but this server's CA is {ours}: the token belongs to another server"
+                );
+            }
+            token.secret
+        }
+        None => load_or_create_secret(&cfg.token_file())?,
     };
+    // The file always holds the full token, pinning this server's CA (k3s's `server/token`).
+    let full = pki::JoinToken::full(pki.ca_pem(), &secret);
+    write_token(&cfg.token_file(), &full)?;
     let mut tokens = Tokens::default();
-    tokens.add(token, User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] });
+    let node = User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] };
+    tokens.add(secret, node.clone());
+    tokens.add(full, node);
 
     let registry = Registry::new(store).with_service_ranges(cfg.services.ranges);
     registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
@@ -213,6 +227,7 @@ async fn start_control_plane(
     registry.spawn_service_repair(shutdown.clone());
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
+    let _ = state.cacerts.set(pki.ca_pem().to_string());
     let app = api::router(state.clone());
     if let Some(config) = &cfg.scheduler {
         let client = client::in_process(app.clone(), client::scheduler());
@@ -331,16 +346,23 @@ async fn node_endpoint(cfg: &ServerConfig, pki: &pki::Pki) -> Option<agent::endp
     }
 }
 
-/// The node/join token, created on first start (0600) and reused after.
-fn load_or_create_token(path: &Path) -> Result<String> {
-    if let Ok(t) = std::fs::read_to_string(path) {
-        let t = t.trim().to_string();
-        if !t.is_empty() {
-            return Ok(t);
-        }
+/// The join token's secret: the one in the token file (full or bare), or a new one on first start.
+fn load_or_create_secret(path: &Path) -> Result<String> {
+    if let Ok(token) = std::fs::read_to_string(path).map_err(drop).and_then(|t| pki::JoinToken::parse(&t).map_err(drop))
+    {
+        return Ok(token.secret);
     }
     use rand::Rng as _;
-    let token: String = rand::rng().sample_iter(rand::distr::Alphanumeric).take(48).map(char::from).collect();
+    let secret: String = rand::rng().sample_iter(rand::distr::Alphanumeric).take(48).map(char::from).collect();
+    tracing::info!("created the join token at {}", path.display());
+    Ok(secret)
+}
+
+/// Writes the token file (0600, atomically) unless it already holds `token`.
+fn write_token(path: &Path, token: &str) -> Result<()> {
+    if std::fs::read_to_string(path).is_ok_and(|t| t.trim() == token) {
+        return Ok(());
+    }
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = path.with_extension("tmp");
@@ -352,9 +374,7 @@ fn load_or_create_token(path: &Path) -> Result<String> {
         .open(&tmp)
         .with_context(|| format!("creating {}", tmp.display()))?;
     writeln!(f, "{token}").and_then(|_| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", path.display()))?;
-    tracing::info!("created the node token at {}", path.display());
-    Ok(token)
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", path.display()))
 }
 
 /// Addresses of this machine worth putting in the serving certificate.

@@ -223,6 +223,68 @@ fn config_file_sets_flags_and_command_line_wins() {
     assert_eq!(mode, 0o600, "the command line overrides the config file");
 }
 
+/// The token file holds k3s's full token, `K10<sha256 of the CA>::server:<secret>`: `/cacerts`
+/// (public) hashes to its pin, the secret and the full token both authenticate, a wrong one does
+/// not, and a `--token` pinning another CA is refused at start.
+#[test]
+fn the_join_token_pins_the_servers_ca() {
+    let s = Server::start();
+    let token = std::fs::read_to_string(s.dir.path().join("data/server/token")).unwrap().trim().to_string();
+    let (hash, credentials) = token.strip_prefix("K10").and_then(|t| t.split_once("::")).expect(&token);
+    let secret = credentials.strip_prefix("server:").expect(&token);
+    assert!(hash.len() == 64 && hash.chars().all(|c| c.is_ascii_hexdigit()) && secret.len() == 48, "{token}");
+
+    // Anyone may fetch the CA (no credentials, no trust yet), and it hashes to the token's pin.
+    let fetch = format!(
+        "import hashlib, ssl, sys, urllib.request\n\
+         body = urllib.request.urlopen('{}/cacerts', context=ssl._create_unverified_context()).read()\n\
+         sys.stdout.write(hashlib.sha256(body).hexdigest() + ' ' + body.decode())",
+        s.url
+    );
+    let out = Command::new("python3").args(["-c", &fetch]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let (sum, body) = text.split_once(' ').unwrap_or_default();
+    assert_eq!(sum, hash);
+    assert_eq!(body.as_bytes(), std::fs::read(s.dir.path().join("data/server/tls/server-ca.crt")).unwrap());
+
+    // The secret and the full token authenticate; another one does not.
+    let config = s.dir.path().join("token-kubeconfig.yaml");
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{}\", insecure-skip-tls-verify: true}}}}]\n\
+         users: [{{name: node, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: node}}}}]\ncurrent-context: c\n",
+        s.url
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let anonymous = |args: &[&str]| {
+        Command::new(common::kubectl_path()).arg("--kubeconfig").arg(&config).args(args).output().unwrap()
+    };
+    for good in [secret, token.as_str()] {
+        let out = anonymous(&["--token", good, "get", "ns", "default", "-o", "name"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "namespace/default");
+    }
+    let out = anonymous(&["--token", "not-the-token", "get", "ns"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("You must be logged in to the server (Unauthorized)"), "{err}");
+
+    // The same token after a restart; a --token made for another CA is refused with both named.
+    let dir = s.stop();
+    let s = Server::start_with(dir, &["--token", secret]);
+    assert_eq!(std::fs::read_to_string(s.dir.path().join("data/server/token")).unwrap().trim(), token);
+    let other = format!("K10{}::server:{secret}", "0".repeat(64));
+    let data = tempfile::tempdir().unwrap();
+    let mut refused = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["server", "--disable-agent", "--https-listen-port", "0", "--token", &other, "--data-dir"])
+        .arg(data.path().join("data"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = common::eventually(20, || refused.try_wait().ok().flatten()).success();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut refused.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!exited && err.contains("the token belongs to another server"), "{err}");
+}
+
 #[test]
 fn restart_reuses_ca_and_keeps_keys_private() {
     let s = Server::start();

@@ -82,6 +82,8 @@ pub struct AppState {
     pub ready: AtomicBool,
     /// How node endpoints are called (`pods/log`); set once the certificates are loaded.
     pub node_client: OnceLock<node_client::NodeClient>,
+    /// The CA certificate joining nodes check against their token's hash (k3s's `/cacerts`).
+    pub cacerts: OnceLock<String>,
     openapi: OnceLock<OpenApiDocs>,
 }
 
@@ -107,6 +109,7 @@ impl AppState {
             server_address,
             ready: AtomicBool::new(false),
             node_client: OnceLock::new(),
+            cacerts: OnceLock::new(),
             openapi: OnceLock::new(),
         }
     }
@@ -180,6 +183,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apis/{group}", get(group_root))
         .route("/apis/{group}/{version}", get(group_resources))
         .route("/metrics", get(metrics))
+        .route("/cacerts", get(cacerts))
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(openapi_v3_index))
         .route("/openapi/v3/{*path}", get(openapi_v3_doc))
@@ -192,9 +196,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Anonymous requests may only see health and version, as with upstream's public-info-viewer role.
+/// Anonymous requests may only see health, version and the CA certificate (k3s's `/cacerts`), as
+/// with upstream's public-info-viewer role.
 fn is_public(path: &str) -> bool {
-    matches!(path, "/version" | "/healthz" | "/livez" | "/readyz")
+    matches!(path, "/version" | "/healthz" | "/livez" | "/readyz" | "/cacerts")
         || ["/healthz/", "/livez/", "/readyz/"].iter().any(|p| path.starts_with(p))
 }
 
@@ -234,6 +239,14 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
 
 async fn health() -> &'static str {
     "ok"
+}
+
+/// The CA certificate, for anyone: a joining node hashes it and compares with its token's pin.
+async fn cacerts(State(state): State<Arc<AppState>>) -> Response {
+    match state.cacerts.get() {
+        Some(pem) => ([(header::CONTENT_TYPE, "text/plain")], pem.clone()).into_response(),
+        None => StatusError::service_unavailable("the server's CA is not loaded yet").into_response(),
+    }
 }
 
 /// A few store figures in the Prometheus text format, as kube-apiserver's `/metrics` serves its own.

@@ -744,6 +744,50 @@ fn certified_key(dir: &Path, kind: LeafKind, leaf: &Leaf) -> Result<CertifiedKey
         .map_err(|cause| Error::Tls { step: "loading the serving certificate and key", cause })
 }
 
+/// The join token in k3s's form, `K10<sha256 of the CA certificate>::server:<secret>`: the hash
+/// pins the server's CA, so a node never trusts a server it was not told about. A bare secret
+/// (k3s's short form) is accepted too, without the pin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    /// Hex sha256 of the CA bundle `/cacerts` serves.
+    pub ca_hash: Option<String>,
+    pub secret: String,
+}
+
+impl JoinToken {
+    pub fn parse(text: &str) -> Result<JoinToken, String> {
+        let text = text.trim();
+        if let Some(rest) = text.strip_prefix("K10")
+            && let Some((hash, credentials)) = rest.split_once("::")
+        {
+            let form = "expected K10<sha256 of the CA, 64 hex digits>::server:<secret>";
+            if hash.len() != 64 || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(format!("the token's CA hash {hash:?} is not a sha256: {form}"));
+            }
+            let secret = credentials.split_once(':').map(|(_, secret)| secret).unwrap_or_default();
+            if secret.is_empty() {
+                return Err(format!("the token has no secret after its CA hash: {form}"));
+            }
+            return Ok(JoinToken { ca_hash: Some(hash.to_ascii_lowercase()), secret: secret.to_string() });
+        }
+        if text.is_empty() {
+            return Err("the token is empty".into());
+        }
+        Ok(JoinToken { ca_hash: None, secret: text.to_string() })
+    }
+
+    /// The full token for `secret` on the server whose CA is `ca_pem`.
+    pub fn full(ca_pem: &str, secret: &str) -> String {
+        format!("K10{}::server:{secret}", ca_hash(ca_pem))
+    }
+}
+
+/// Hex sha256 of the CA bundle, as k3s's token carries it.
+pub fn ca_hash(ca_pem: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(ca_pem.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -987,5 +1031,17 @@ mod tests {
 
         write_kubeconfig(&path, 0o640, "https://10.0.0.5:6443", &pki).unwrap();
         assert_eq!(mode(&path), 0o640);
+    }
+
+    #[test]
+    fn join_tokens_pin_the_ca_as_k3s_tokens_do() {
+        let full = JoinToken::full("ca", "s3cret");
+        assert_eq!(full, format!("K10{}::server:s3cret", ca_hash("ca")));
+        assert_eq!(ca_hash("ca").len(), 64);
+        assert_eq!(JoinToken::parse(&full), Ok(JoinToken { ca_hash: Some(ca_hash("ca")), secret: "s3cret".into() }));
+        assert_eq!(JoinToken::parse(" short\n"), Ok(JoinToken { ca_hash: None, secret: "short".into() }));
+        assert!(JoinToken::parse("K10abc::server:x").unwrap_err().contains("is not a sha256"));
+        assert!(JoinToken::parse(&format!("K10{}::server:", ca_hash("ca"))).unwrap_err().contains("no secret"));
+        assert!(JoinToken::parse("").is_err());
     }
 }
