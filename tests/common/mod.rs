@@ -180,6 +180,8 @@ impl Server {
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let _ = c.wait();
         }
+        // Only empty cgroups go: a server started again on the data makes them anew.
+        remove_cgroups(&self.dir);
         std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"))
     }
 
@@ -202,6 +204,7 @@ impl Server {
                 let _ = c.wait();
             }
         }
+        remove_cgroups(&self.dir);
         (std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir")), status)
     }
 
