@@ -32,7 +32,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 
 pub use link::{connect as netlink, ensure_loopback_address};
-pub use netfilter::binary as system_binary;
+pub use netfilter::{binary as system_binary, find_binary as find_system_binary};
 pub use spec::Cidr;
 use spec::{AddResult, BridgeConf, CniError, Command, Conf, Dns, Env, Interface, IpConfig, Plugin, Route, code};
 
@@ -66,7 +66,7 @@ pub struct NetworkConfig {
 /// Checks that the host has the programs the plugin runs, or says what to install.
 pub fn check_host() -> Result<()> {
     for tool in ["iptables-save", "iptables-restore"] {
-        if !netfilter::binary(tool).is_absolute() && crate::runtime::containerd::which(tool).is_none() {
+        if netfilter::find_binary(tool).is_none() {
             bail!(
                 "{tool} was not found: cairn's pod network needs iptables (Debian/Ubuntu: apt-get install iptables), \
                  or use other CNI plugins with --cni-bin-dir and --cni-conf-dir"

@@ -289,6 +289,11 @@ pub fn binary(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// Where a system tool is, in an sbin directory or in PATH; `None` when it is in neither.
+pub fn find_binary(name: &str) -> Option<PathBuf> {
+    Some(binary(name)).filter(|p| p.is_absolute()).or_else(|| crate::runtime::containerd::which(name))
+}
+
 /// Removes every chain of a network and the jumps to them (tests clean up with it).
 #[cfg(test)]
 pub async fn teardown_network(prefix: &str) -> Result<()> {

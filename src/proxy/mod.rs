@@ -197,7 +197,7 @@ impl Proxier {
 
 /// Checks that the host has `nft`, or says what to install.
 pub fn check_host() -> anyhow::Result<()> {
-    if !crate::net::system_binary("nft").is_absolute() && crate::runtime::containerd::which("nft").is_none() {
+    if crate::net::find_system_binary("nft").is_none() {
         bail!("nft was not found: cairn's service proxy needs nftables (Debian/Ubuntu: apt-get install nftables)");
     }
     Ok(())

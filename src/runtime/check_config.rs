@@ -131,7 +131,7 @@ pub fn report(kernel: &Kernel) -> Vec<Item> {
         item(
             "conntrack",
             false,
-            match super::containerd::which("conntrack") {
+            match crate::net::find_system_binary("conntrack") {
                 Some(p) => Outcome::Ok(p.display().to_string()),
                 None => Outcome::Missing(
                     "stale UDP flows of Services are not cleared without it (Debian/Ubuntu: apt-get install conntrack)"
