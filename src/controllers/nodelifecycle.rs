@@ -268,6 +268,10 @@ fn no_execute(node: &Node, disrupted: bool) -> NoExecute {
 }
 
 impl NodeLifecycle {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Refreshes what was seen of the node; true when no heartbeat came within its grace period.
     fn silent(&self, node: &Node, now: Instant) -> bool {
         let name = node.name_any();
@@ -277,7 +281,7 @@ impl NodeLifecycle {
             .leases
             .get(&ObjectRef::new(&name).within("kube-node-lease"))
             .and_then(|l| l.spec.as_ref().and_then(|s| s.renew_time.as_ref()).map(|t| t.0));
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state();
         let health = state.health.entry(name).or_insert_with(|| {
             // A node that never posted a status counts from its creation, others from now.
             let age = match (ready, &node.metadata.creation_timestamp) {
@@ -313,7 +317,7 @@ impl NodeLifecycle {
         let states: BTreeMap<&String, (ZoneState, usize)> =
             zones.iter().map(|(z, r)| (z, (zone_state(r.iter().map(Option::as_deref)), r.len()))).collect();
         let all_down = !states.is_empty() && states.values().all(|(s, _)| *s == ZoneState::FullDisruption);
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state();
         if all_down && !state.disrupted {
             tracing::warn!("node lifecycle: every node is not ready; no pods are evicted until one is back");
         } else if !all_down && state.disrupted {
@@ -376,7 +380,7 @@ impl Reconciler for NodeLifecycle {
         let now = Instant::now();
         let stamp = Time(Timestamp::now());
         {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.state();
             let live: HashSet<String> = self.nodes.state().iter().map(|n| n.name_any()).collect();
             state.health.retain(|n, _| live.contains(n));
             state.known.retain(|n| live.contains(n));
@@ -400,17 +404,17 @@ impl Reconciler for NodeLifecycle {
             if was_ready {
                 let message = format!("Node {name} status is now: NodeNotReady");
                 self.recorder.record(EventObject::of(&node), EventType::Normal, "NodeNotReady", "", message);
-                self.state.lock().unwrap_or_else(|e| e.into_inner()).retry.insert(name.clone());
+                self.state().retry.insert(name.clone());
             }
         }
         // The node went from Ready to Unknown here (or marking failed before): its pods are not
         // ready either.
-        let retry = self.state.lock().unwrap_or_else(|e| e.into_inner()).retry.remove(&name);
+        let retry = self.state().retry.remove(&name);
         if retry
             && ready_status(&node) != Some("True")
             && let Err(e) = self.mark_pods_not_ready(&name).await
         {
-            self.state.lock().unwrap_or_else(|e| e.into_inner()).retry.insert(name.clone());
+            self.state().retry.insert(name.clone());
             return Err(e);
         }
 
@@ -441,7 +445,7 @@ impl Reconciler for NodeLifecycle {
             NoExecute::Want(key) if has(key, "NoExecute") => keep(key, "NoExecute", &mut wanted),
             NoExecute::Want(key) => {
                 let other = if key == NOT_READY { UNREACHABLE } else { NOT_READY };
-                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut state = self.state();
                 let zone = zone(&node);
                 let limiter = state.limiters.entry(zone).or_insert(Limiter { qps, next: now });
                 // A new rate starts with an empty bucket (client-go's `SwapLimiter`).

@@ -85,9 +85,17 @@ fn verdict(taints: &[Taint], tolerations: &[Toleration]) -> Verdict {
 }
 
 impl TaintEviction {
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops the pod's scheduled deletion; true if there was one.
+    fn forget(&self, pod: &Pod) -> bool {
+        self.pending().remove(&pod.uid().unwrap_or_default()).is_some()
+    }
+
     fn cancel(&self, pod: &Pod) {
-        let cancelled = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&pod.uid().unwrap_or_default());
-        if cancelled.is_some() {
+        if self.forget(pod) {
             let message =
                 format!("Cancelling deletion of Pod {}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
             self.recorder.record(EventObject::of(pod), EventType::Normal, "TaintManagerEviction", "", message);
@@ -126,7 +134,7 @@ impl TaintEviction {
             Err(e) if !gone(&e) => return Err(e.into()),
             _ => {}
         }
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&pod.uid().unwrap_or_default());
+        self.forget(pod);
         Ok(())
     }
 }
@@ -147,7 +155,7 @@ impl Reconciler for TaintEviction {
         };
         let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default();
         if pod.metadata.deletion_timestamp.is_some() {
-            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&pod.uid().unwrap_or_default());
+            self.forget(&pod);
             return Ok(Action::await_change());
         }
         let now = Instant::now();
