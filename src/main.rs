@@ -10,8 +10,10 @@ mod csi;
 mod devices;
 mod dns;
 mod events;
+mod join;
 mod labels;
 mod net;
+mod node;
 #[allow(dead_code)] // wired by server.rs
 mod proxy;
 mod registry;
@@ -42,6 +44,8 @@ struct Cli {
 enum Command {
     /// Run the API server with its store and controllers.
     Server(Box<ServerArgs>),
+    /// Run a node that joins a server (`--server URL --token T`)
+    Agent(Box<AgentArgs>),
     /// Inspect the node's container runtime (a small crictl): pods, ps, images, logs.
     Ctr(CtrArgs),
     /// Import image tarballs into the node's containerd.
@@ -176,16 +180,96 @@ enum ImagesCommand {
     },
 }
 
-/// Flags of `cairn server`. Every flag can also be given in the YAML config file under the same
-/// name without dashes (e.g. `write-kubeconfig-mode: "0644"`); flags on the command line win.
+/// Flags of every node, `cairn server` (with its agent) and `cairn agent` alike. Every flag can also
+/// be given in the YAML config file under the same name without dashes (e.g.
+/// `kubelet-port: 10250`); flags on the command line win.
 #[derive(Args, Debug, Clone)]
-struct ServerArgs {
+struct NodeArgs {
     /// YAML file with flag values [default: /etc/cairn/config.yaml if present]
     #[arg(short = 'c', long, env = "CAIRN_CONFIG_FILE")]
     config: Option<PathBuf>,
     /// Where cairn keeps its state [default: /var/lib/cairn as root, $HOME/.cairn otherwise]
     #[arg(short = 'd', long, env = "CAIRN_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// resolv.conf whose resolvers the cluster DNS forwards to and `dnsPolicy: Default` pods get (kubelet's --resolv-conf) [default: /etc/resolv.conf, or systemd-resolved's upstreams when it lists only 127.0.0.53]
+    #[arg(long)]
+    resolv_conf: Option<PathBuf>,
+    /// containerd binary to run [default: `containerd` from PATH]
+    #[arg(long)]
+    containerd_bin: Option<PathBuf>,
+    /// Use this CRI runtime instead of starting containerd, e.g. unix:///run/containerd/containerd.sock
+    #[arg(long)]
+    container_runtime_endpoint: Option<String>,
+    /// Directory of CNI plugins to use instead of cairn's own (with --cni-conf-dir)
+    #[arg(long)]
+    cni_bin_dir: Option<PathBuf>,
+    /// Directory of CNI network configurations to use instead of cairn's own
+    #[arg(long)]
+    cni_conf_dir: Option<PathBuf>,
+    /// Resources held back for the system from pods, e.g. cpu=500m,memory=512Mi
+    #[arg(long, default_value = "")]
+    system_reserved: String,
+    /// Resources held back for cairn itself from pods, e.g. cpu=100m,memory=128Mi
+    #[arg(long, default_value = "")]
+    kube_reserved: String,
+    /// Port of the node agent's /healthz on 127.0.0.1 (0 turns it off)
+    #[arg(long, default_value_t = 10248)]
+    healthz_port: u16,
+    /// Devices to offer as a resource, one unit per matching device node, e.g.
+    /// cairn.io/serial=/dev/ttyUSB* (repeatable)
+    #[arg(long = "device", value_name = "RESOURCE=GLOB")]
+    devices: Vec<String>,
+    /// Do not look for NVIDIA GPUs (found GPUs are offered as nvidia.com/gpu)
+    #[arg(long)]
+    disable_gpu: bool,
+    /// Where GPU discovery looks for dev/, proc/ and the driver's files (tests point it at a fake tree)
+    #[arg(long, default_value = "/", hide = true)]
+    gpu_discovery_root: PathBuf,
+    /// Port of the node's HTTPS endpoint (container logs) that the API server calls; 0 picks a free one
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
+    /// Name of this node [default: the hostname]
+    #[arg(long, env = "CAIRN_NODE_NAME")]
+    node_name: Option<String>,
+    /// kubelet's root directory (its --root-dir): plugins_registry/, plugins/ [default: /var/lib/kubelet as root, <data-dir>/agent/kubelet otherwise]
+    #[arg(long)]
+    kubelet_root_dir: Option<PathBuf>,
+    /// kubelet's --cgroup-root: the cgroup pods go under (as `<root>/kubepods`); agents sharing a machine each need their own
+    #[arg(long, default_value = "/")]
+    cgroup_root: String,
+    /// Where the built-in local-path class makes its volumes [default: <data-dir>/storage]
+    #[arg(long)]
+    default_local_storage_path: Option<PathBuf>,
+    /// Log filter, e.g. `info` or `cairn=debug`
+    #[arg(long, env = "CAIRN_LOG", default_value = "info")]
+    log: String,
+    /// IPv4 address to advertise for this node (its InternalIP) [default: the host's first address]
+    #[arg(long)]
+    node_ip: Option<IpAddr>,
+}
+
+/// Flags of `cairn agent`, a node joining a server.
+#[derive(Args, Debug, Clone)]
+struct AgentArgs {
+    #[command(flatten)]
+    node: NodeArgs,
+    /// The server to join, e.g. https://10.0.0.1:6443
+    #[arg(short = 's', long, env = "CAIRN_URL")]
+    server: String,
+    /// The join token: the full K10<sha256 of the CA>::server:<secret> from the server's <data-dir>/server/token (a bare secret works too, without checking the server's CA)
+    #[arg(short = 't', long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the token
+    #[arg(long, env = "CAIRN_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+}
+
+/// Flags of `cairn server`. Every flag can also be given in the YAML config file under the same
+/// name without dashes (e.g. `write-kubeconfig-mode: "0644"`); flags on the command line win.
+#[derive(Args, Debug, Clone)]
+struct ServerArgs {
+    #[command(flatten)]
+    node: NodeArgs,
     /// Address the API listens on
     #[arg(long, default_value = "0.0.0.0")]
     bind_address: IpAddr,
@@ -226,49 +310,9 @@ struct ServerArgs {
     /// Domain of the cluster (kubelet's --cluster-domain)
     #[arg(long, default_value = dns::DEFAULT_DOMAIN)]
     cluster_domain: String,
-    /// resolv.conf whose resolvers the cluster DNS forwards to and `dnsPolicy: Default` pods get (kubelet's --resolv-conf) [default: /etc/resolv.conf, or systemd-resolved's upstreams when it lists only 127.0.0.53]
-    #[arg(long)]
-    resolv_conf: Option<PathBuf>,
     /// KubeSchedulerConfiguration file (kubescheduler.config.k8s.io/v1): profiles, plugins, weights
     #[arg(long)]
     scheduler_config: Option<PathBuf>,
-    /// containerd binary to run [default: `containerd` from PATH]
-    #[arg(long)]
-    containerd_bin: Option<PathBuf>,
-    /// Use this CRI runtime instead of starting containerd, e.g. unix:///run/containerd/containerd.sock
-    #[arg(long)]
-    container_runtime_endpoint: Option<String>,
-    /// Directory of CNI plugins to use instead of cairn's own (with --cni-conf-dir)
-    #[arg(long)]
-    cni_bin_dir: Option<PathBuf>,
-    /// Directory of CNI network configurations to use instead of cairn's own
-    #[arg(long)]
-    cni_conf_dir: Option<PathBuf>,
-    /// Resources held back for the system from pods, e.g. cpu=500m,memory=512Mi
-    #[arg(long, default_value = "")]
-    system_reserved: String,
-    /// Resources held back for cairn itself from pods, e.g. cpu=100m,memory=128Mi
-    #[arg(long, default_value = "")]
-    kube_reserved: String,
-    /// Port of the node agent's /healthz on 127.0.0.1 (0 turns it off)
-    #[arg(long, default_value_t = 10248)]
-    healthz_port: u16,
-    /// Devices to offer as a resource, one unit per matching device node, e.g.
-    /// cairn.io/serial=/dev/ttyUSB* (repeatable)
-    #[arg(long = "device", value_name = "RESOURCE=GLOB")]
-    devices: Vec<String>,
-    /// Do not look for NVIDIA GPUs (found GPUs are offered as nvidia.com/gpu)
-    #[arg(long)]
-    disable_gpu: bool,
-    /// Where GPU discovery looks for dev/, proc/ and the driver's files (tests point it at a fake tree)
-    #[arg(long, default_value = "/", hide = true)]
-    gpu_discovery_root: PathBuf,
-    /// Port of the node's HTTPS endpoint (container logs) that the API server calls; 0 picks a free one
-    #[arg(long, default_value_t = 10250)]
-    kubelet_port: u16,
-    /// Name of this node [default: the hostname]
-    #[arg(long, env = "CAIRN_NODE_NAME")]
-    node_name: Option<String>,
     /// Pod network of the cluster
     #[arg(long, default_value = "10.42.0.0/16")]
     cluster_cidr: String,
@@ -281,21 +325,9 @@ struct ServerArgs {
     /// Upper bound of the store's page cache, in MiB
     #[arg(long, default_value_t = 16)]
     store_cache_mib: u64,
-    /// kubelet's root directory (its --root-dir): plugins_registry/, plugins/ [default: /var/lib/kubelet as root, <data-dir>/agent/kubelet otherwise]
-    #[arg(long)]
-    kubelet_root_dir: Option<PathBuf>,
-    /// kubelet's --cgroup-root: the cgroup pods go under (as `<root>/kubepods`); agents sharing a machine each need their own
-    #[arg(long, default_value = "/")]
-    cgroup_root: String,
-    /// Where the built-in local-path class makes its volumes [default: <data-dir>/storage]
-    #[arg(long)]
-    default_local_storage_path: Option<PathBuf>,
     /// kube-controller-manager's: how long a node may send no heartbeat before it is Unknown, tainted and its pods evicted
     #[arg(long, default_value = "50s", value_parser = parse_duration)]
     node_monitor_grace_period: std::time::Duration,
-    /// Log filter, e.g. `info` or `cairn=debug`
-    #[arg(long, env = "CAIRN_LOG", default_value = "info")]
-    log: String,
 }
 
 /// A duration as Kubernetes flags take it: `50s`, `1m30s`, `500ms`.
@@ -342,8 +374,14 @@ fn config_args(path: &std::path::Path) -> Result<Vec<String>> {
 }
 
 /// Re-parses the command line with the config file's values in front, so command-line flags win.
-fn with_config_file(args: ServerArgs) -> Result<ServerArgs> {
-    let path = match &args.config {
+/// `subcommand` is the command's name (`server`, `agent`); `pick` takes its flags back out.
+fn with_config_file<A>(
+    config: Option<&PathBuf>,
+    args: A,
+    subcommand: &str,
+    pick: fn(Command) -> Option<A>,
+) -> Result<A> {
+    let path = match config {
         Some(p) => p.clone(),
         None => {
             let default = PathBuf::from("/etc/cairn/config.yaml");
@@ -354,22 +392,20 @@ fn with_config_file(args: ServerArgs) -> Result<ServerArgs> {
         }
     };
     let mut argv: Vec<String> = std::env::args().collect();
-    let pos = argv.iter().position(|a| a == "server").map_or(argv.len(), |p| p + 1);
+    let pos = argv.iter().position(|a| a == subcommand).map_or(argv.len(), |p| p + 1);
     let extra = config_args(&path)?;
     argv.splice(pos..pos, extra);
     match Cli::try_parse_from(argv) {
-        Ok(Cli { command: Command::Server(a) }) => Ok(*a),
-        Ok(_) => anyhow::bail!("the config file {} changed the command", path.display()),
+        Ok(Cli { command }) => {
+            pick(command).with_context(|| format!("the config file {} changed the command", path.display()))
+        }
         Err(e) => anyhow::bail!("in the config file {}: {e}", path.display()),
     }
 }
 
-fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
-    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
-    let write_kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
-        if is_root() { PathBuf::from("/etc/cairn/cairn.yaml") } else { data_dir.join("kubeconfig.yaml") }
-    });
-    let token = match (&args.token, &args.token_file) {
+/// Reads `--token`, else `--token-file`.
+fn token_of(token: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
+    let token = match (token, file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(f)) => Some(
             std::fs::read_to_string(f)
@@ -382,21 +418,105 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     if token.as_deref() == Some("") {
         anyhow::bail!("--token must not be empty");
     }
-    let node_name = args
-        .node_name
+    Ok(token)
+}
+
+fn node_name_of(args: &NodeArgs) -> String {
+    args.node_name
         .clone()
         .or_else(|| hostname::get().ok().and_then(|h| h.into_string().ok()))
         .unwrap_or_else(|| "cairn".into())
-        .to_lowercase();
+        .to_lowercase()
+}
 
+/// Parses `--cluster-cidr` as the IPv4 network the nodes' pod ranges come from.
+fn parse_cluster_cidr(text: &str) -> Result<net::Cidr> {
+    Ok(text
+        .parse::<net::Cidr>()
+        .ok()
+        .filter(|c| c.prefix <= 30)
+        .with_context(|| {
+            format!("invalid cluster-cidr {text:?} for the pod network: expected an IPv4 CIDR of /30 or larger such as 10.42.0.0/16")
+        })?
+        .net())
+}
+
+/// The node's own settings from its flags; checks that its runtime can start at all.
+fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) -> Result<node::NodeConfig> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    if args.cni_bin_dir.is_some() != args.cni_conf_dir.is_some() {
+        anyhow::bail!("--cni-bin-dir and --cni-conf-dir go together: give both to use your own CNI plugins");
+    }
+    let gpus = (!args.disable_gpu).then(|| devices::nvidia::Gpus::discover(&args.gpu_discovery_root)).flatten();
+    if let Some(g) = &gpus {
+        let models: Vec<&str> = g.gpus.iter().map(|g| g.model.as_deref().unwrap_or("unknown model")).collect();
+        let runtimes: Vec<&str> = g.runtimes.iter().map(|(handler, _)| handler.as_str()).collect();
+        tracing::info!(
+            "found {} NVIDIA GPU(s): {}; container runtime handlers: {}",
+            g.gpus.len(),
+            models.join(", "),
+            if runtimes.is_empty() {
+                "none (nvidia-container-runtime not installed)".into()
+            } else {
+                runtimes.join(", ")
+            }
+        );
+    }
+    let runtime = runtime::Config {
+        data_dir: data_dir.clone(),
+        containerd_bin: args.containerd_bin.clone(),
+        endpoint: args.container_runtime_endpoint.clone(),
+        cni_bin_dir: args.cni_bin_dir.clone(),
+        cni_conf_dir: args.cni_conf_dir.clone(),
+        cluster_cidr,
+        pod_cidr: None,
+        runtimes: gpus.as_ref().map(|g| g.runtimes.clone()).unwrap_or_default(),
+    };
+    runtime.check()?;
+    let reserved = |flag: &str, value: &str| {
+        agent::node::Reserved::parse(value).map_err(|e| anyhow::anyhow!("invalid --{flag} {value:?}: {e}"))
+    };
+    let reserved =
+        reserved("system-reserved", &args.system_reserved)?.plus(&reserved("kube-reserved", &args.kube_reserved)?);
+    let kubelet_root_dir = args.kubelet_root_dir.clone().unwrap_or_else(|| {
+        if is_root() { PathBuf::from("/var/lib/kubelet") } else { data_dir.join("agent").join("kubelet") }
+    });
+    let local_storage_path = args.default_local_storage_path.clone().unwrap_or_else(|| data_dir.join("storage"));
+    let devices =
+        args.devices.iter().map(|d| d.parse()).collect::<Result<Vec<_>, String>>().map_err(anyhow::Error::msg)?;
+    let node_ips = match args.node_ip {
+        Some(ip) => vec![ip],
+        None => node::local_ips(Some(&runtime.network().bridge)),
+    };
+    Ok(node::NodeConfig {
+        node_name: node_name_of(args),
+        data_dir,
+        node_ips,
+        runtime,
+        reserved,
+        healthz_port: args.healthz_port,
+        kubelet_port: args.kubelet_port,
+        devices,
+        gpus,
+        kubelet_root_dir,
+        cgroup_root: args.cgroup_root.clone(),
+        local_storage_path,
+        resolv_conf: args.resolv_conf.clone(),
+        control_plane,
+    })
+}
+
+fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
+    let data_dir = args.node.data_dir.clone().unwrap_or_else(default_data_dir);
+    let write_kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
+        if is_root() { PathBuf::from("/etc/cairn/cairn.yaml") } else { data_dir.join("kubeconfig.yaml") }
+    });
+    let token = token_of(&args.token, &args.token_file)?;
     let scheduler = match (args.disable_scheduler, &args.scheduler_config) {
         (true, _) => None,
         (false, Some(path)) => Some(scheduler::Config::load(path)?),
         (false, None) => Some(scheduler::Config::default()),
     };
-    if args.cni_bin_dir.is_some() != args.cni_conf_dir.is_some() {
-        anyhow::bail!("--cni-bin-dir and --cni-conf-dir go together: give both to use your own CNI plugins");
-    }
     let cidr_ok = args
         .cluster_cidr
         .split_once('/')
@@ -448,76 +568,24 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
     if !validation_errors.is_empty() {
         anyhow::bail!("invalid cluster-domain {:?}: {}", args.cluster_domain, validation_errors.join("; "));
     }
+    let cluster_cidr = args.cluster_cidr.parse::<net::Cidr>().ok().map(net::Cidr::net);
     let services = server::ServicesConfig {
         ranges: service_ranges,
         cluster_dns,
         cluster_domain: args.cluster_domain.clone(),
-        resolv_conf: args.resolv_conf.clone(),
         dns: !args.disable.iter().any(|c| c == "coredns"),
         servicelb: !args.disable.iter().any(|c| c == "servicelb"),
         proxy: !args.disable_kube_proxy,
     };
-    let gpus = (!args.disable_agent && !args.disable_gpu)
-        .then(|| devices::nvidia::Gpus::discover(&args.gpu_discovery_root))
-        .flatten();
-    if let Some(g) = &gpus {
-        let models: Vec<&str> = g.gpus.iter().map(|g| g.model.as_deref().unwrap_or("unknown model")).collect();
-        let runtimes: Vec<&str> = g.runtimes.iter().map(|(handler, _)| handler.as_str()).collect();
-        tracing::info!(
-            "found {} NVIDIA GPU(s): {}; container runtime handlers: {}",
-            g.gpus.len(),
-            models.join(", "),
-            if runtimes.is_empty() {
-                "none (nvidia-container-runtime not installed)".into()
-            } else {
-                runtimes.join(", ")
-            }
-        );
-    }
-    let runtime = if args.disable_agent {
+    let node = if args.disable_agent {
         None
     } else {
         // The node's pod network is IPv4: a /24 of the cluster CIDR, or all of it when smaller.
-        let cluster_cidr = args
-            .cluster_cidr
-            .parse::<net::Cidr>()
-            .ok()
-            .filter(|c| c.prefix <= 30)
-            .with_context(|| {
-                format!("invalid cluster-cidr {:?} for the node's pod network: expected an IPv4 CIDR of /30 or larger such as 10.42.0.0/16", args.cluster_cidr)
-            })?
-            .net();
-        let runtime = runtime::Config {
-            data_dir: data_dir.clone(),
-            containerd_bin: args.containerd_bin.clone(),
-            endpoint: args.container_runtime_endpoint.clone(),
-            cni_bin_dir: args.cni_bin_dir.clone(),
-            cni_conf_dir: args.cni_conf_dir.clone(),
-            cluster_cidr,
-            runtimes: gpus.as_ref().map(|g| g.runtimes.clone()).unwrap_or_default(),
-        };
-        runtime.check()?;
-        Some(runtime)
+        Some(node_config(&args.node, parse_cluster_cidr(&args.cluster_cidr)?, true)?)
     };
-    let reserved = |flag: &str, value: &str| {
-        agent::node::Reserved::parse(value).map_err(|e| anyhow::anyhow!("invalid --{flag} {value:?}: {e}"))
-    };
-    let reserved =
-        reserved("system-reserved", &args.system_reserved)?.plus(&reserved("kube-reserved", &args.kube_reserved)?);
-    let kubelet_root_dir = args.kubelet_root_dir.clone().unwrap_or_else(|| {
-        if is_root() { PathBuf::from("/var/lib/kubelet") } else { data_dir.join("agent").join("kubelet") }
-    });
-    let local_storage_path = args.default_local_storage_path.clone().unwrap_or_else(|| data_dir.join("storage"));
-    let devices =
-        args.devices.iter().map(|d| d.parse()).collect::<Result<Vec<_>, String>>().map_err(anyhow::Error::msg)?;
     Ok(server::ServerConfig {
         services,
-        devices,
-        gpus,
-        runtime,
-        reserved,
-        healthz_port: args.healthz_port,
-        kubelet_port: args.kubelet_port,
+        node,
         scheduler,
         data_dir,
         bind_address: args.bind_address,
@@ -526,14 +594,24 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         write_kubeconfig_mode: server::parse_mode(&args.write_kubeconfig_mode)?,
         tls_san: args.tls_san.clone(),
         token,
-        kubelet_root_dir,
-        cgroup_root: args.cgroup_root.clone(),
         node_monitor_grace_period: args.node_monitor_grace_period,
-        cluster_cidr: args.cluster_cidr.parse::<net::Cidr>().ok().map(net::Cidr::net),
-        local_storage_path,
-        node_name,
+        cluster_cidr,
+        node_name: node_name_of(&args.node),
         store_cache_mib: args.store_cache_mib,
     })
+}
+
+fn agent_config(args: AgentArgs) -> Result<join::AgentConfig> {
+    let token = token_of(&args.token, &args.token_file)?
+        .context("a joining node needs the server's token: give --token or --token-file (CAIRN_TOKEN)")?;
+    let token = api::pki::JoinToken::parse(&token).map_err(|e| anyhow::anyhow!("invalid --token: {e}"))?;
+    let server = args.server.trim_end_matches('/').to_string();
+    if !server.starts_with("https://") {
+        anyhow::bail!("invalid --server {server:?}: expected the server's HTTPS URL, such as https://10.0.0.1:6443");
+    }
+    // The cluster CIDR is the server's; the node takes the range the server gives it.
+    let node = node_config(&args.node, parse_cluster_cidr("10.42.0.0/16")?, false)?;
+    Ok(join::AgentConfig { server, token, node })
 }
 
 fn init_logging(filter: &str) {
@@ -569,6 +647,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Server(args) => run_server(*args),
+        Command::Agent(args) => run_agent(*args),
         Command::Ctr(args) => run_ctr(args),
         Command::Images(args) => run_images(args),
         Command::Bench(args) => run_bench(args),
@@ -714,8 +793,12 @@ fn run_bench(args: BenchArgs) -> Result<()> {
 }
 
 fn run_server(args: ServerArgs) -> Result<()> {
-    let args = with_config_file(args)?;
-    init_logging(&args.log);
+    let config = args.node.config.clone();
+    let args = with_config_file(config.as_ref(), args, "server", |c| match c {
+        Command::Server(a) => Some(*a),
+        _ => None,
+    })?;
+    init_logging(&args.node.log);
     let cfg = server_config(args)?;
     limit_malloc_arenas();
     // Two worker threads suit the small machines cairn runs on.
@@ -725,6 +808,23 @@ fn run_server(args: ServerArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(server::run(cfg))
+}
+
+fn run_agent(args: AgentArgs) -> Result<()> {
+    let config = args.node.config.clone();
+    let args = with_config_file(config.as_ref(), args, "agent", |c| match c {
+        Command::Agent(a) => Some(*a),
+        _ => None,
+    })?;
+    init_logging(&args.node.log);
+    let cfg = agent_config(args)?;
+    limit_malloc_arenas();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(join::run(cfg))
 }
 
 #[cfg(test)]

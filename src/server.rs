@@ -9,10 +9,11 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context as _, Result, bail};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent;
+use crate::api::join::ClusterConfig;
 use crate::api::{self, AppState, Tokens, User, pki};
 use crate::client;
 use crate::controllers;
+use crate::node;
 use crate::registry::{self, Registry};
 use crate::runtime;
 use crate::scheduler;
@@ -21,14 +22,8 @@ use crate::store::{self, Store};
 /// Everything `cairn server` needs, after flags and the config file are merged.
 #[derive(Debug)]
 pub struct ServerConfig {
-    /// The node's container runtime and agent; `None` when the agent is disabled.
-    pub runtime: Option<runtime::Config>,
-    /// `--system-reserved` plus `--kube-reserved`.
-    pub reserved: agent::node::Reserved,
-    /// The agent's `/healthz` port on 127.0.0.1 (0: none).
-    pub healthz_port: u16,
-    /// The node endpoint's port (0: any free one).
-    pub kubelet_port: u16,
+    /// This server's own node (runtime and agent); `None` when the agent is disabled.
+    pub node: Option<node::NodeConfig>,
     /// The scheduler's configuration; `None` when it is disabled.
     pub scheduler: Option<scheduler::Config>,
     pub data_dir: PathBuf,
@@ -40,21 +35,11 @@ pub struct ServerConfig {
     pub token: Option<String>,
     pub node_name: String,
     pub store_cache_mib: u64,
-    /// `--device RESOURCE=GLOB` flags.
-    pub devices: Vec<crate::devices::generic::DeviceGlob>,
-    /// The NVIDIA GPUs found at start.
-    pub gpus: Option<crate::devices::nvidia::Gpus>,
     pub services: ServicesConfig,
-    /// `--kubelet-root-dir`: plugin registration and CSI staging.
-    pub kubelet_root_dir: PathBuf,
-    /// `--cgroup-root`: the cgroup the agent's `kubepods` goes under.
-    pub cgroup_root: String,
     /// `--node-monitor-grace-period`.
     pub node_monitor_grace_period: std::time::Duration,
     /// `--cluster-cidr` when it is IPv4: the pod ranges Nodes are given.
     pub cluster_cidr: Option<crate::net::Cidr>,
-    /// `--default-local-storage-path`: the built-in driver's volumes.
-    pub local_storage_path: PathBuf,
 }
 
 /// How Services are served: their ranges, the cluster DNS and which built-in parts run.
@@ -62,10 +47,9 @@ pub struct ServerConfig {
 pub struct ServicesConfig {
     /// `--service-cidr` and `--service-node-port-range`.
     pub ranges: registry::ServiceRanges,
-    /// `--cluster-dns`, `--cluster-domain`, `--resolv-conf`.
+    /// `--cluster-dns`, `--cluster-domain`.
     pub cluster_dns: std::net::Ipv4Addr,
     pub cluster_domain: String,
-    pub resolv_conf: Option<PathBuf>,
     /// The cluster DNS (`--disable coredns` turns it off).
     pub dns: bool,
     /// The built-in load balancer (`--disable servicelb`).
@@ -83,6 +67,16 @@ impl ServerConfig {
     }
     fn token_file(&self) -> PathBuf {
         self.data_dir.join("server").join("token")
+    }
+    /// What every node learns of the cluster (a pod network needs an IPv4 cluster CIDR).
+    fn cluster(&self) -> Option<ClusterConfig> {
+        Some(ClusterConfig {
+            cluster_cidr: self.cluster_cidr?,
+            cluster_dns: self.services.cluster_dns,
+            cluster_domain: self.services.cluster_domain.clone(),
+            dns: self.services.dns,
+            proxy: self.services.proxy,
+        })
     }
 }
 
@@ -122,7 +116,7 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
     // The runtime (containerd, images, pod network) starts beside the control plane. Its task ends
     // once the runtime has stopped again; `ready` says whether it came up.
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
-    let runtime = cfg.runtime.clone().map(|rc| {
+    let runtime = cfg.node.as_ref().map(|n| n.runtime.clone()).map(|rc| {
         let stop = shutdown.clone();
         tokio::spawn(async move {
             match runtime::start(&rc, stop).await {
@@ -172,8 +166,7 @@ async fn start_control_plane(
     tracing::info!("store opened at revision {}", store.revision());
 
     let hostname = hostname::get().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());
-    let bridge = cfg.runtime.as_ref().map(|rc| rc.network().bridge);
-    let mut node_ips = local_ips(bridge.as_deref());
+    let mut node_ips = cfg.node.as_ref().map_or_else(|| node::local_ips(None), |n| n.node_ips.clone());
     if !cfg.bind_address.is_unspecified() && !node_ips.contains(&cfg.bind_address) {
         node_ips.push(cfg.bind_address);
     }
@@ -227,21 +220,25 @@ async fn start_control_plane(
     registry.spawn_service_repair(shutdown.clone());
     let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
-    let _ = state.cacerts.set(pki.ca_pem().to_string());
+    let _ = state.pki.set(pki.clone());
     let app = api::router(state.clone());
     if let Some(config) = &cfg.scheduler {
         let client = client::in_process(app.clone(), client::scheduler());
         scheduler::Scheduler::start(client, config, &cfg.node_name, shutdown.clone())?;
     }
     let done = tokio::spawn(api::serve(listener, tls, app.clone(), shutdown.clone()));
-    if let (Some(ready), Some(rc)) = (runtime_ready, &cfg.runtime) {
+    let cluster = cfg.cluster();
+    if let Some(c) = &cluster {
+        let _ = state.cluster.set(c.clone());
+    }
+    if let (Some(ready), Some(nc), Some(cluster)) = (runtime_ready, &cfg.node, &cluster) {
         let cri = match ready.await {
             Ok(Ok(cri)) => cri,
             Ok(Err(e)) => return Err(e.context("starting the container runtime")),
             Err(_) => bail!("the container runtime's start-up task ended without an answer"),
         };
-        tracing::info!("node {}: the container runtime and pod network are ready", cfg.node_name);
-        let mut endpoint = node_endpoint(&cfg, &pki).await;
+        tracing::info!("node {}: the container runtime and pod network are ready", nc.node_name);
+        let mut endpoint = node::bind_endpoint(cfg.bind_address, nc.kubelet_port, pki.kubelet_server_config()).await;
         if let Some(e) = endpoint.as_mut() {
             // The API calls this process's node endpoint in memory.
             let state = state.clone();
@@ -251,51 +248,14 @@ async fn start_control_plane(
                 }
             }));
         }
-        let kubelet_port = endpoint.as_ref().and_then(|e| e.listener.local_addr().ok()).map_or(0, |a| a.port());
         if let Some(nodes) = state.node_client.get() {
-            nodes.set_local_node(&cfg.node_name);
+            nodes.set_local_node(&nc.node_name);
         }
-        let agent = agent::Config {
-            node_name: cfg.node_name.clone(),
-            data_dir: cfg.data_dir.clone(),
-            node_ip: node_ips.first().copied(),
-            pod_cidr: rc.network().subnet,
-            reserved: cfg.reserved.clone(),
-            healthz_port: cfg.healthz_port,
-            kubelet_port,
-            storage: crate::csi::NodeStorage {
-                kubelet_root_dir: cfg.kubelet_root_dir.clone(),
-                local_storage_path: cfg.local_storage_path.clone(),
-                agent_dir: cfg.data_dir.join("agent"),
-            },
-            devices: cfg.devices.clone(),
-            gpus: cfg.gpus.clone(),
-            // Without the cluster DNS, ClusterFirst pods get the host's resolvers, as kubelet
-            // without --cluster-dns.
-            cluster_dns: agent::dns::ClusterDns {
-                servers: if cfg.services.dns { vec![cfg.services.cluster_dns.to_string()] } else { Vec::new() },
-                domain: cfg.services.cluster_domain.clone(),
-                resolv_conf: cfg.services.resolv_conf.clone(),
-            },
-            cgroup_root: cfg.cgroup_root.clone(),
+        let clients = node::Clients {
+            agent: client::in_process(app.clone(), client::node(&nc.node_name)),
+            proxy: client::in_process(app.clone(), client::proxy()),
         };
-        if cfg.services.dns {
-            start_cluster_dns(&cfg.services, client::in_process(app.clone(), client::proxy()), &shutdown)
-                .await
-                .context("starting the cluster DNS")?;
-        }
-        let client = client::in_process(app.clone(), client::node(&cfg.node_name));
-        agent::start(client, cri, agent, endpoint, shutdown.clone());
-        if cfg.services.proxy {
-            let proxy = crate::proxy::Config::new(&cfg.node_name, node_ips.clone(), rc.network().cluster_cidr);
-            let client = client::in_process(app.clone(), client::proxy());
-            let stop = shutdown.clone();
-            tokio::spawn(async move {
-                if let Err(e) = crate::proxy::run(client, proxy, stop).await {
-                    tracing::error!("the service proxy stopped: {e:#}");
-                }
-            });
-        }
+        node::start(nc, cluster, nc.runtime.network().subnet, cri, clients, endpoint, &shutdown).await?;
     }
 
     let url = format!("https://127.0.0.1:{}", local.port());
@@ -307,7 +267,7 @@ async fn start_control_plane(
         servicelb: cfg.services.servicelb,
         node_monitor_grace_period: cfg.node_monitor_grace_period,
         cluster_cidr: cfg.cluster_cidr,
-        reserved_pod_ranges: cfg.runtime.iter().map(|rc| rc.network().subnet).collect(),
+        reserved_pod_ranges: cfg.node.iter().map(|n| n.runtime.network().subnet).collect(),
     };
     controllers::spawn_all(&controller_client, &options, &shutdown);
     let kubeconfig = cfg.write_kubeconfig.clone();
@@ -324,26 +284,6 @@ async fn start_control_plane(
     });
     state.ready.store(true, Ordering::Release);
     Ok(Started { url, kubeconfig: cfg.write_kubeconfig, done })
-}
-
-/// Binds the node endpoint (`--kubelet-port` on the bind address). A port another process holds
-/// costs only what goes through the endpoint (`kubectl logs`), with a warning, as with `/healthz`.
-async fn node_endpoint(cfg: &ServerConfig, pki: &pki::Pki) -> Option<agent::endpoint::Listener> {
-    let addr = SocketAddr::new(cfg.bind_address, cfg.kubelet_port);
-    let tls = match pki.kubelet_server_config() {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!("node endpoint: {e}; pod logs are not served");
-            return None;
-        }
-    };
-    match tokio::net::TcpListener::bind(addr).await {
-        Ok(listener) => Some(agent::endpoint::Listener { listener, tls, local: None }),
-        Err(e) => {
-            tracing::warn!("node endpoint: cannot listen on {addr}: {e}; pod logs are not served (see --kubelet-port)");
-            None
-        }
-    }
 }
 
 /// The join token's secret: the one in the token file (full or bare), or a new one on first start.
@@ -377,46 +317,7 @@ fn write_token(path: &Path, token: &str) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", path.display()))
 }
 
-/// Addresses of this machine worth putting in the serving certificate.
-/// Binds the cluster DNS on its address, which the loopback link holds (pods reach it through their
-/// default route, with no proxy rule: NodeLocal DNSCache's way), and serves it until `shutdown`.
-/// The `kube-dns` Service at that address opts out of the service proxy. The address stays when
-/// cairn stops, as the proxy's rules do.
-async fn start_cluster_dns(cfg: &ServicesConfig, client: kube::Client, shutdown: &CancellationToken) -> Result<()> {
-    let handle = crate::net::netlink()?;
-    crate::net::ensure_loopback_address(&handle, cfg.cluster_dns).await?;
-    let mut dns = crate::dns::Config::new(vec![SocketAddr::from((cfg.cluster_dns, 53))], &cfg.cluster_domain);
-    if let Some(path) = &cfg.resolv_conf {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading --resolv-conf {}", path.display()))?;
-        dns.upstreams =
-            crate::dns::resolv::upstreams_in(&crate::dns::resolv::ResolvConf::parse(&text), cfg.cluster_dns);
-    }
-    let listeners = crate::dns::server::Listeners::bind(&dns.listen).await?;
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        if let Err(e) = crate::dns::run(client, dns, listeners, stop).await {
-            tracing::error!("the cluster DNS stopped: {e:#}");
-        }
-    });
-    Ok(())
-}
-
-/// The host's addresses: not the loopback link's (which holds the cluster DNS address too), nor
-/// the pod bridge's (pod gateways, which the network sets up after this is read).
-fn local_ips(pod_bridge: Option<&str>) -> Vec<IpAddr> {
-    let mut ips: Vec<IpAddr> = if_addrs::get_if_addrs()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|i| i.name != "lo" && Some(i.name.as_str()) != pod_bridge)
-        .map(|i| i.ip())
-        .filter(|ip| !ip.is_loopback() && !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
-        .collect();
-    ips.dedup();
-    ips
-}
-
-async fn wait_for_signal() {
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,

@@ -7,6 +7,7 @@
 pub mod backoff;
 pub mod cluster;
 pub mod context;
+pub mod credentials;
 pub mod dns;
 pub mod endpoint;
 pub mod env;
@@ -72,6 +73,8 @@ pub struct Config {
     pub cluster_dns: dns::ClusterDns,
     /// kubelet's `--cgroup-root`: pods go under `<cgroup_root>/kubepods`.
     pub cgroup_root: String,
+    /// Whether this node runs the control plane too (`cairn server`).
+    pub control_plane: bool,
 }
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
@@ -353,6 +356,7 @@ impl Heartbeat {
             volumes_in_use: crate::volumes::claims::in_use(&self.cfg.data_dir.join("agent").join("pods")),
             devices: self.devices.capacity(),
             labels: &self.labels,
+            control_plane: self.cfg.control_plane,
             now: now(),
         };
         // Written on the version read; another writer in between means reading again.

@@ -174,33 +174,46 @@ pub struct Inputs<'a> {
     pub devices: BTreeMap<String, (i64, i64)>,
     /// Labels of what the node found on itself (its GPUs), beside the well-known ones.
     pub labels: &'a BTreeMap<String, String>,
+    /// Whether the node runs the control plane (`node-role.kubernetes.io/control-plane`).
+    pub control_plane: bool,
     pub now: Time,
 }
 
 /// The Node object to create: metadata, spec and status.
 pub fn new_node(inputs: &Inputs) -> Node {
-    let arch = architecture();
-    let labels = [
-        ("kubernetes.io/hostname", inputs.name),
-        ("kubernetes.io/os", "linux"),
-        ("kubernetes.io/arch", arch),
-        ("beta.kubernetes.io/os", "linux"),
-        ("beta.kubernetes.io/arch", arch),
-        ("node-role.kubernetes.io/control-plane", "true"),
-    ];
     Node {
-        metadata: ObjectMeta {
-            name: Some(inputs.name.into()),
-            labels: Some(labels.into_iter().map(|(k, v)| (k.into(), v.into())).chain(inputs.labels.clone()).collect()),
-            annotations: Some([("node.alpha.kubernetes.io/ttl".into(), "0".into())].into()),
-            ..Default::default()
-        },
         spec: Some(NodeSpec {
             pod_cidr: Some(inputs.pod_cidr.to_string()),
             pod_cidrs: Some(vec![inputs.pod_cidr.to_string()]),
             ..Default::default()
         }),
         status: Some(status(inputs, None)),
+        ..registration(inputs.name, inputs.control_plane, inputs.labels)
+    }
+}
+
+/// A Node with only its metadata (kubelet's well-known labels, and `labels`), as a joining node
+/// registers before the server has given it a pod range.
+pub fn registration(name: &str, control_plane: bool, labels: &BTreeMap<String, String>) -> Node {
+    let arch = architecture();
+    let mut well_known = vec![
+        ("kubernetes.io/hostname", name),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", arch),
+        ("beta.kubernetes.io/os", "linux"),
+        ("beta.kubernetes.io/arch", arch),
+    ];
+    if control_plane {
+        well_known.push(("node-role.kubernetes.io/control-plane", "true"));
+    }
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(well_known.into_iter().map(|(k, v)| (k.into(), v.into())).chain(labels.clone()).collect()),
+            annotations: Some([("node.alpha.kubernetes.io/ttl".into(), "0".into())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }
 
@@ -372,6 +385,7 @@ mod tests {
             volumes_in_use: Vec::new(),
             devices: BTreeMap::new(),
             labels: &NO_LABELS,
+            control_plane: true,
             now: Time(now.parse().unwrap()),
         }
     }

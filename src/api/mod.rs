@@ -6,6 +6,7 @@
 mod codec;
 mod discovery;
 mod handlers;
+pub mod join;
 mod logs;
 mod metrics;
 pub mod node_client;
@@ -82,8 +83,11 @@ pub struct AppState {
     pub ready: AtomicBool,
     /// How node endpoints are called (`pods/log`); set once the certificates are loaded.
     pub node_client: OnceLock<node_client::NodeClient>,
-    /// The CA certificate joining nodes check against their token's hash (k3s's `/cacerts`).
-    pub cacerts: OnceLock<String>,
+    /// The certificates: the CA joining nodes check against their token's hash (k3s's
+    /// `/cacerts`), which also signs their credentials.
+    pub pki: OnceLock<Arc<pki::Pki>>,
+    /// What joined nodes learn of the cluster.
+    pub cluster: OnceLock<join::ClusterConfig>,
     openapi: OnceLock<OpenApiDocs>,
 }
 
@@ -109,7 +113,8 @@ impl AppState {
             server_address,
             ready: AtomicBool::new(false),
             node_client: OnceLock::new(),
-            cacerts: OnceLock::new(),
+            pki: OnceLock::new(),
+            cluster: OnceLock::new(),
             openapi: OnceLock::new(),
         }
     }
@@ -184,6 +189,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apis/{group}/{version}", get(group_resources))
         .route("/metrics", get(metrics))
         .route("/cacerts", get(cacerts))
+        .route("/v1-cairn/node-certificates", axum::routing::post(join::node_certificates))
+        .route("/v1-cairn/config", get(join::cluster_config))
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(openapi_v3_index))
         .route("/openapi/v3/{*path}", get(openapi_v3_doc))
@@ -219,7 +226,12 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
         Some(token) => match state.tokens.find(token) {
             Some(u) => Some(u.clone()),
             // A wrong token is refused even on public paths, as upstream does.
-            None => return StatusError::unauthorized().into_response(),
+            None => {
+                if req.uri().path().starts_with("/v1-cairn/") {
+                    tracing::warn!("refused a node joining with a token that is not this server's join token");
+                }
+                return StatusError::unauthorized().into_response();
+            }
         },
         None => cert,
     };
@@ -243,8 +255,8 @@ async fn health() -> &'static str {
 
 /// The CA certificate, for anyone: a joining node hashes it and compares with its token's pin.
 async fn cacerts(State(state): State<Arc<AppState>>) -> Response {
-    match state.cacerts.get() {
-        Some(pem) => ([(header::CONTENT_TYPE, "text/plain")], pem.clone()).into_response(),
+    match state.pki.get() {
+        Some(pki) => ([(header::CONTENT_TYPE, "text/plain")], pki.ca_pem().to_string()).into_response(),
         None => StatusError::service_unavailable("the server's CA is not loaded yet").into_response(),
     }
 }

@@ -8,7 +8,7 @@
 //! creates what is missing, re-issues leaf certificates that are close to expiry,
 //! corrupt, not issued by the CA or (serving certificate) missing a wanted
 //! subject alternative name, and hot-swaps the serving certificate of running
-//! TLS listeners through [`ServingCertResolver`].
+//! TLS listeners through [`SwappableCert`].
 
 use std::fmt;
 use std::fs::{self, DirBuilder, OpenOptions, Permissions};
@@ -52,6 +52,8 @@ const CA_CERT: &str = "server-ca.crt";
 const CA_KEY: &str = "server-ca.key";
 const ADMIN_USER: &str = "system:admin";
 const ADMIN_GROUP: &str = "system:masters";
+/// The group of every node's identity (`system:node:<name>`).
+pub const NODES_GROUP: &str = "system:nodes";
 /// The identity the API server calls node endpoints as (kubeadm's); the only one they serve.
 pub const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
 
@@ -89,7 +91,7 @@ fn io_error(step: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error 
     move |cause| Error::Io { step, path, cause }
 }
 
-fn provider() -> Arc<CryptoProvider> {
+pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -175,8 +177,8 @@ pub struct Pki {
     kubelet_sans: Vec<SanType>,
     ca: Ca,
     admin: RwLock<Leaf>,
-    resolver: Arc<ServingCertResolver>,
-    kubelet_resolver: Arc<ServingCertResolver>,
+    resolver: Arc<SwappableCert>,
+    kubelet_resolver: Arc<SwappableCert>,
     kubelet_client: RwLock<Leaf>,
     renewal: Mutex<()>,
 }
@@ -203,9 +205,9 @@ impl Pki {
         let (admin, _) = check_or_issue(dir, &ca, LeafKind::Admin, &[], ca_created)?;
         let (kubelet_serving, _) = check_or_issue(dir, &ca, LeafKind::KubeletServing, &kubelet_sans, ca_created)?;
         let (kubelet_client, _) = check_or_issue(dir, &ca, LeafKind::KubeletClient, &[], ca_created)?;
-        let resolver = Arc::new(ServingCertResolver::new(certified_key(dir, LeafKind::Serving, &serving)?));
+        let resolver = Arc::new(SwappableCert::new(certified_key(dir, LeafKind::Serving, &serving)?));
         let kubelet_resolver =
-            Arc::new(ServingCertResolver::new(certified_key(dir, LeafKind::KubeletServing, &kubelet_serving)?));
+            Arc::new(SwappableCert::new(certified_key(dir, LeafKind::KubeletServing, &kubelet_serving)?));
         Ok(Self {
             dir: dir.to_path_buf(),
             sans,
@@ -306,19 +308,43 @@ impl Pki {
         Ok(Arc::new(config))
     }
 
-    fn tls_server(&self, resolver: Arc<ServingCertResolver>, step: &'static str) -> Result<Arc<rustls::ServerConfig>> {
-        let provider = provider();
-        let verifier = WebPkiClientVerifier::builder_with_provider(self.ca.roots.clone(), provider.clone())
-            .allow_unauthenticated()
-            .build()
-            .map_err(|cause| Error::Verifier { path: self.ca.path.clone(), cause })?;
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|cause| Error::Tls { step, cause })?
-            .with_client_cert_verifier(verifier)
-            .with_cert_resolver(resolver);
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(Arc::new(config))
+    fn tls_server(&self, resolver: Arc<SwappableCert>, step: &'static str) -> Result<Arc<rustls::ServerConfig>> {
+        server_tls(self.ca.roots.clone(), &self.ca.path, resolver, step)
+    }
+
+    /// Signs a joining node's credentials (k3s's `client-kubelet.crt` and `serving-kubelet.crt`):
+    /// the node keeps its keys and sends certificate requests, and only their public keys are used;
+    /// the server decides every name: `system:node:<node>` in `system:nodes` for the client
+    /// certificate, the node's name and `addresses` for the serving one. Returns both, PEM-encoded.
+    pub fn sign_node(
+        &self,
+        node: &str,
+        addresses: &[IpAddr],
+        client_csr: &str,
+        serving_csr: &str,
+    ) -> Result<(String, String), String> {
+        let user = format!("system:node:{node}");
+        let public_key = |csr: &str, what: &str| {
+            rcgen::CertificateSigningRequestParams::from_pem(csr)
+                .map(|r| r.public_key)
+                .map_err(|e| format!("the {what} certificate request is not a valid PEM CSR: {e}"))
+        };
+        let mut client = leaf_params(LEAF_VALIDITY);
+        client.distinguished_name = dn(&user, Some(NODES_GROUP));
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let mut serving = leaf_params(LEAF_VALIDITY);
+        serving.distinguished_name = dn(&user, Some(NODES_GROUP));
+        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let names = ["localhost", node].into_iter().filter_map(parse_san).collect::<Result<Vec<_>>>();
+        serving.subject_alt_names = names.map_err(|e| e.to_string())?;
+        serving.subject_alt_names.extend(addresses.iter().map(|ip| SanType::IpAddress(*ip)));
+        let sign = |params: CertificateParams, csr: &str, what: &str| {
+            params
+                .signed_by(&public_key(csr, what)?, &self.ca.issuer)
+                .map(|c| c.pem())
+                .map_err(|e| format!("signing the node's {what} certificate: {e}"))
+        };
+        Ok((sign(client, client_csr, "client")?, sign(serving, serving_csr, "serving")?))
     }
 
     /// The CA certificate, PEM-encoded.
@@ -340,21 +366,21 @@ impl Pki {
 
     /// The resolver serving the current serving certificate.
     #[cfg(test)]
-    fn serving_resolver(&self) -> Arc<ServingCertResolver> {
+    fn serving_resolver(&self) -> Arc<SwappableCert> {
         self.resolver.clone()
     }
 }
 
 /// Serves the current serving certificate; swapped in place on renewal.
 #[derive(Debug)]
-pub struct ServingCertResolver(RwLock<Arc<CertifiedKey>>);
+pub struct SwappableCert(RwLock<Arc<CertifiedKey>>);
 
-impl ServingCertResolver {
-    fn new(key: CertifiedKey) -> Self {
+impl SwappableCert {
+    pub fn new(key: CertifiedKey) -> Self {
         Self(RwLock::new(Arc::new(key)))
     }
 
-    fn set(&self, key: CertifiedKey) {
+    pub fn set(&self, key: CertifiedKey) {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(key);
     }
 
@@ -364,10 +390,120 @@ impl ServingCertResolver {
     }
 }
 
-impl ResolvesServerCert for ServingCertResolver {
+impl ResolvesServerCert for SwappableCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current())
     }
+}
+
+/// A joined node's client certificate, swapped in place when it is renewed.
+impl rustls::client::ResolvesClientCert for SwappableCert {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[rustls::SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// A TLS server configuration with `resolver`'s certificate: TLS 1.2 and 1.3, ALPN `h2` and
+/// `http/1.1`, and optional client certificates that must chain to `roots` (the CA at `ca_path`).
+pub fn server_tls(
+    roots: Arc<RootCertStore>,
+    ca_path: &Path,
+    resolver: Arc<SwappableCert>,
+    step: &'static str,
+) -> Result<Arc<rustls::ServerConfig>> {
+    let provider = provider();
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|cause| Error::Verifier { path: ca_path.to_path_buf(), cause })?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|cause| Error::Tls { step, cause })?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A TLS client configuration trusting only `roots` and presenting `identity`'s certificate (no
+/// ALPN: the HTTP connector sets it).
+pub fn client_tls(roots: Arc<RootCertStore>, identity: Arc<SwappableCert>) -> Result<Arc<rustls::ClientConfig>> {
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|cause| Error::Tls { step: "selecting TLS versions for the API client", cause })?
+        .with_root_certificates(roots)
+        .with_client_cert_resolver(identity);
+    Ok(Arc::new(config))
+}
+
+/// The trust anchors of a CA bundle (PEM, one or more certificates).
+pub fn roots_of(ca_pem: &str) -> Result<Arc<RootCertStore>, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        let cert = cert.map_err(|e| format!("the CA bundle is not valid PEM: {e}"))?;
+        roots.add(cert).map_err(|e| format!("the CA bundle holds an unusable certificate: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("the CA bundle holds no certificate".into());
+    }
+    Ok(Arc::new(roots))
+}
+
+/// A certificate chain (PEM) and its private key (PEM) as rustls serves or presents them.
+pub fn certified_key_of(cert_pem: &str, key_pem: &str) -> Result<CertifiedKey, String> {
+    let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate is not valid PEM: {e}"))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("the key is not valid PEM: {e}"))?;
+    CertifiedKey::from_der(certs, key, &provider()).map_err(|e| format!("the certificate does not match its key: {e}"))
+}
+
+/// Why a certificate (PEM) must be re-issued, if it must: it expires within the renewal window,
+/// or does not chain to `roots` as a client certificate (`serving_for` is `None`) or as a serving
+/// certificate covering every address of `serving_for`.
+pub fn check_issued(cert_pem: &str, roots: &Arc<RootCertStore>, serving_for: Option<&[IpAddr]>) -> Result<(), String> {
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| e.to_string())?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| e.to_string())?;
+    let expires = cert.validity().not_after;
+    if expires.timestamp() < (OffsetDateTime::now_utc() + RENEW_BEFORE).unix_timestamp() {
+        return Err(format!("it expires at {expires}, within {} days", RENEW_BEFORE.whole_days()));
+    }
+    let now = UnixTime::now();
+    let chained = match serving_for {
+        Some(addresses) => {
+            let verifier = WebPkiServerVerifier::builder_with_provider(roots.clone(), provider())
+                .build()
+                .map_err(|e| e.to_string())?;
+            let mut names: Vec<ServerName<'static>> =
+                addresses.iter().map(|ip| ServerName::IpAddress((*ip).into())).collect();
+            names.push(ServerName::try_from("localhost").map_err(|e| e.to_string())?);
+            names.iter().try_for_each(|name| verifier.verify_server_cert(&der, &[], name, &[], now).map(drop))
+        }
+        None => WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+            .build()
+            .map_err(|e| e.to_string())?
+            .verify_client_cert(&der, &[], now)
+            .map(drop),
+    };
+    chained.map_err(|e| format!("it is not valid for this node and the server's CA: {e}"))
+}
+
+/// A new private key (ECDSA P-256, as every key here), PEM-encoded.
+pub fn new_key_pem() -> Result<String, String> {
+    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map(|k| k.serialize_pem()).map_err(|e| e.to_string())
+}
+
+/// A certificate request (PEM) for an existing key (PEM), naming `common_name` (the signer
+/// decides the names; the request only proves the key).
+pub fn request_for(key_pem: &str, common_name: &str) -> Result<String, String> {
+    let key = KeyPair::from_pem(key_pem).map_err(|e| format!("the key is unusable: {e}"))?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn(common_name, None);
+    params.serialize_request(&key).and_then(|r| r.pem()).map_err(|e| e.to_string())
 }
 
 /// User (subject CN) and groups (subject O) of a verified client certificate
@@ -705,15 +841,21 @@ fn cert_sans(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<SanTyp
         .collect()
 }
 
-/// Issues a new key and certificate for `kind`, signed by the CA.
-fn issue_leaf(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType], validity: time::Duration) -> Result<Leaf> {
-    let key = new_key(&kind.key_path(dir))?;
+/// A leaf's parameters valid from now (backdated) for `validity`, with its names still to set.
+fn leaf_params(validity: time::Duration) -> CertificateParams {
     let now = OffsetDateTime::now_utc();
     let mut params = CertificateParams::default();
     params.not_before = now - BACKDATE;
     params.not_after = now + validity;
     params.use_authority_key_identifier_extension = true;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params
+}
+
+/// Issues a new key and certificate for `kind`, signed by the CA.
+fn issue_leaf(dir: &Path, ca: &Ca, kind: LeafKind, sans: &[SanType], validity: time::Duration) -> Result<Leaf> {
+    let key = new_key(&kind.key_path(dir))?;
+    let mut params = leaf_params(validity);
     if kind.is_serving() {
         params.distinguished_name = dn("cairn", Some("cairn"));
         params.subject_alt_names = sans.to_vec();

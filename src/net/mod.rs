@@ -19,6 +19,7 @@
 mod ipam;
 mod link;
 mod netfilter;
+pub mod routes;
 mod spec;
 #[cfg(test)]
 mod tests;

@@ -67,7 +67,7 @@ impl From<anyhow::Error> for CniError {
 }
 
 /// An IPv4 network or interface address in CIDR notation (`10.42.0.0/24`, `10.42.0.7/24`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Cidr {
     pub addr: Ipv4Addr,
     pub prefix: u8,
@@ -126,6 +126,20 @@ impl FromStr for Cidr {
         let addr = a.parse().map_err(|_| format!("{a:?} in {s:?} is not an IPv4 address"))?;
         let prefix = p.parse().map_err(|_| format!("{p:?} in {s:?} is not a prefix length"))?;
         Cidr::new(addr, prefix)
+    }
+}
+
+/// As text (`10.42.0.0/16`), as Kubernetes writes CIDRs.
+impl serde::Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|e| serde::de::Error::custom(format!("invalid CIDR {text:?}: {e}")))
     }
 }
 

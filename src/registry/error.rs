@@ -151,6 +151,11 @@ impl StatusError {
         Self { details: details(gr, name), ..Self::new(403, "Forbidden", message) }
     }
 
+    /// 403 about something that is not a resource (upstream's `NewForbidden` without a group resource).
+    pub fn forbidden_plain(message: impl Into<String>) -> Self {
+        Self::new(403, "Forbidden", message)
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(401, "Unauthorized", "Unauthorized")
     }

@@ -48,6 +48,9 @@ pub struct Config {
     pub cni_conf_dir: Option<PathBuf>,
     /// The cluster's pod network (`--cluster-cidr`).
     pub cluster_cidr: net::Cidr,
+    /// This node's pod range (its Node's `spec.podCIDR`); `None` on the server's own node, which
+    /// takes the cluster CIDR's first /24.
+    pub pod_cidr: Option<net::Cidr>,
     /// Runtime handlers beside runc (NVIDIA's container runtimes): name → binary.
     pub runtimes: Vec<(String, PathBuf)>,
 }
@@ -68,12 +71,12 @@ impl Config {
     fn cni_conf_dir(&self) -> PathBuf {
         self.cni_conf_dir.clone().unwrap_or_else(|| self.agent_dir().join("cni").join("net.d"))
     }
-    /// cairn's own pod network on this node: the first /24 of the cluster CIDR.
+    /// cairn's own pod network on this node.
     pub fn network(&self) -> net::NetworkConfig {
         net::NetworkConfig {
             name: "cairn".into(),
             bridge: "cni0".into(),
-            subnet: self.cluster_cidr.first_subnet(24),
+            subnet: self.pod_cidr.unwrap_or_else(|| self.cluster_cidr.first_subnet(24)),
             cluster_cidr: self.cluster_cidr,
             mtu: 1500,
             hairpin: true,

@@ -1,0 +1,353 @@
+//! End to end: nodes joining a server (`cairn agent --server URL --token-file F`). A server without
+//! an agent of its own, and agents each in a network namespace the test makes (joined by veth
+//! pairs to a bridge the test makes), each with its own data directory, containerd, cgroup root
+//! and kubelet root: one machine standing in for a small site.
+//!
+//! Needs root, containerd, runc, iproute2, util-linux's nsenter and busybox-static (`.ci/run`
+//! installs them).
+
+mod common;
+
+#[path = "common/busybox.rs"]
+mod busybox;
+#[allow(dead_code)]
+#[path = "../src/runtime/cri.rs"]
+mod cri;
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Server, eventually};
+use serde_json::Value;
+
+fn run(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd).args(args).output().expect("run a system tool");
+    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A bridge in the test's namespace and, per node, a network namespace joined to it by a veth
+/// pair: `10.201.<net>.1` is the bridge (where the server listens), nodes get `.2`, `.3`, ...
+/// Everything is removed when dropped.
+struct Lab {
+    net: u8,
+    nodes: Vec<String>,
+}
+
+impl Lab {
+    fn new(net: u8) -> Lab {
+        let lab = Lab { net, nodes: Vec::new() };
+        lab.remove();
+        let bridge = lab.bridge();
+        run("ip", &["link", "add", &bridge, "type", "bridge"]);
+        run("ip", &["addr", "add", &format!("{}/24", lab.gateway()), "dev", &bridge]);
+        run("ip", &["link", "set", &bridge, "up"]);
+        lab
+    }
+
+    fn bridge(&self) -> String {
+        format!("cjbr{}", self.net)
+    }
+    fn gateway(&self) -> String {
+        format!("10.201.{}.1", self.net)
+    }
+    fn netns(&self, node: &str) -> String {
+        format!("cj{}-{node}", self.net)
+    }
+    /// The host side of a node's veth pair: downing it cuts the node off.
+    fn veth(&self, node: &str) -> String {
+        format!("cj{}{node}", self.net)
+    }
+
+    /// Makes the namespace of `node`, with the next address; returns that address.
+    fn add_node(&mut self, node: &str) -> String {
+        self.nodes.push(node.to_string());
+        let (ns, veth) = (self.netns(node), self.veth(node));
+        let ip = format!("10.201.{}.{}", self.net, self.nodes.len() + 1);
+        run("ip", &["netns", "add", &ns]);
+        run("ip", &["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
+        run("ip", &["link", "set", &veth, "master", &self.bridge(), "up"]);
+        run("ip", &["-n", &ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        run("ip", &["-n", &ns, "link", "set", "eth0", "up"]);
+        run("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+        ip
+    }
+
+    fn set_link(&self, node: &str, up: bool) {
+        run("ip", &["link", "set", &self.veth(node), if up { "up" } else { "down" }]);
+    }
+
+    fn remove(&self) {
+        for node in &self.nodes {
+            let _ = Command::new("ip").args(["netns", "del", &self.netns(node)]).output();
+            let _ = Command::new("ip").args(["link", "del", &self.veth(node)]).output();
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.bridge()]).output();
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// A `cairn agent` in its namespace. Dropping it removes its pods' sandboxes and stops it (and its
+/// containerd).
+struct Agent {
+    name: String,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Agent {
+    fn start(lab: &Lab, server: &Server, name: &str) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join("data/agent/images");
+        std::fs::create_dir_all(&images).unwrap();
+        std::fs::write(images.join("busybox.tar"), busybox::busybox_image()).unwrap();
+        let port = server.url.rsplit(':').next().unwrap().to_string();
+        let url = format!("https://{}:{port}", lab.gateway());
+        let mut cmd = agent_command(&dir, name, &url);
+        cmd.arg("--token-file").arg(server.dir.path().join("data/server/token"));
+        let child = spawn_in(&lab.netns(name), &cmd, &dir.path().join("agent.log"));
+        Agent { name: name.to_string(), dir, child: Some(child) }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+}
+
+/// `cairn agent` for node `name` on data in `dir`, with the flags that keep agents sharing a
+/// machine apart.
+fn agent_command(dir: &tempfile::TempDir, name: &str, server: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    cmd.arg("agent")
+        .args(["--server", server, "--node-name", name])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--kubelet-root-dir")
+        .arg(dir.path().join("kubelet"))
+        .args(["--cgroup-root".to_string(), common::cgroup_root(dir)])
+        .stdout(Stdio::null());
+    cmd
+}
+
+/// Spawns `cmd` inside the network namespace `netns` (only that: mounts and cgroups stay the
+/// machine's, as for an agent on a host of its own), its stderr into `log`.
+fn spawn_in(netns: &str, cmd: &Command, log: &std::path::Path) -> Child {
+    Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .arg("--")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("the agent's log"))
+        .spawn()
+        .expect("start cairn agent")
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let socket = self.dir.path().join("data/agent/containerd/containerd.sock");
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            rt.block_on(async {
+                let cri = cri::Cri::new(&socket);
+                for _ in 0..20 {
+                    let pods = cri.list_pod_sandbox(Default::default()).await.map(|r| r.items).unwrap_or_default();
+                    if pods.is_empty() {
+                        break;
+                    }
+                    for pod in pods {
+                        let id = pod.id;
+                        let _ = cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() }).await;
+                        let _ = cri.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id }).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            });
+        }
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid (nsenter hands the signal on to cairn).
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            for _ in 0..300 {
+                if child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        common::remove_cgroups(&self.dir);
+    }
+}
+
+fn node_condition(s: &Server, node: &str, kind: &str) -> String {
+    s.ok(&["get", "node", node, "-o", &format!("jsonpath={{.status.conditions[?(@.type==\"{kind}\")].status}}")])
+}
+
+fn pod(s: &Server, name: &str) -> Value {
+    serde_json::from_str(&s.ok(&["get", "pod", name, "-o", "json"])).unwrap()
+}
+
+fn running(s: &Server, name: &str) -> Option<Value> {
+    let p: Value = serde_json::from_slice(&s.kubectl(&["get", "pod", name, "-o", "json"]).stdout).ok()?;
+    (p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["ready"] == true).then_some(p)
+}
+
+/// A pod pinned to `node` through the scheduler (a node selector), with `tolerations`.
+fn pod_yaml(name: &str, node: &str, command: &str, tolerations: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  nodeSelector:
+    kubernetes.io/hostname: {node}
+  terminationGracePeriodSeconds: 1
+  tolerations: {tolerations}
+  containers:
+  - name: main
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "{command}"]
+    readinessProbe:
+      exec:
+        command: ["true"]
+      periodSeconds: 1
+"#,
+        image = busybox::BUSYBOX
+    )
+}
+
+/// Two agents join; pods run on each and reach each other by pod IP across the nodes; logs and exec
+/// reach pods on joined nodes; a wrong token and a token for another CA are refused on both sides;
+/// then one node's network is cut: it goes Unknown and tainted, a pod tolerating that for 10 s is
+/// evicted, the others keep running, and nothing restarts when the network is back.
+#[test]
+fn agents_join_run_pods_across_nodes_and_ride_out_a_network_cut() {
+    let mut lab = Lab::new(1);
+    let server = Server::start_with(
+        tempfile::tempdir().unwrap(),
+        &[
+            "--bind-address",
+            "0.0.0.0",
+            "--tls-san",
+            &lab.gateway(),
+            "--cluster-cidr",
+            "10.58.0.0/16",
+            "--node-monitor-grace-period",
+            "20s",
+        ],
+    );
+    let ip_a = lab.add_node("a");
+    let ip_b = lab.add_node("b");
+    let a = Agent::start(&lab, &server, "a");
+    let b = Agent::start(&lab, &server, "b");
+    for agent in [&a, &b] {
+        eventually(60, || (node_condition(&server, &agent.name, "Ready") == "True").then_some(()));
+    }
+    let wide = server.ok(&["get", "nodes", "-o", "wide"]);
+    assert!(wide.contains(&ip_a) && wide.contains(&ip_b), "{wide}");
+    let cidrs = server.ok(&["get", "nodes", "-o", "jsonpath={.items[*].spec.podCIDR}"]);
+    assert_eq!(cidrs, "10.58.0.0/24 10.58.1.0/24", "each node gets its own /24 of --cluster-cidr");
+    // No node runs the control plane.
+    assert!(!wide.contains("control-plane"), "{wide}");
+
+    let none = "[]";
+    server.ok_stdin(
+        &["apply", "-f", "-"],
+        &pod_yaml(
+            "web",
+            "b",
+            "mkdir /www && echo hello-from-b > /www/index.html && exec httpd -f -p 8080 -h /www",
+            none,
+        ),
+    );
+    server.ok_stdin(&["apply", "-f", "-"], &pod_yaml("client", "a", "echo client-started && exec sleep 3600", none));
+    let tolerant = r#"[{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}]"#;
+    server.ok_stdin(&["apply", "-f", "-"], &pod_yaml("tolerant", "a", "exec sleep 3600", tolerant));
+    for name in ["web", "client", "tolerant"] {
+        eventually(90, || running(&server, name));
+    }
+    let web = pod(&server, "web");
+    assert_eq!(web["spec"]["nodeName"], "b");
+    let web_ip = web["status"]["podIP"].as_str().unwrap().to_string();
+    assert!(web_ip.starts_with("10.58."), "{web_ip}");
+    let pods = server.ok(&["get", "pods", "-o", "wide"]);
+    assert!(pods.lines().any(|l| l.starts_with("web ") && l.contains(" b ")), "{pods}");
+
+    // Across nodes by pod IP, through the routes each node keeps to the other's pods; exec and
+    // logs reach pods on joined nodes through their node endpoints.
+    let mut page = String::new();
+    for _ in 0..15 {
+        let out = server.kubectl(&["exec", "client", "--", "wget", "-qO-", &format!("http://{web_ip}:8080/")]);
+        page = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        if out.status.success() {
+            break;
+        }
+    }
+    assert_eq!(page.trim(), "hello-from-b", "{}\n{}", a.log(), b.log());
+    assert_eq!(server.ok(&["logs", "client"]).trim(), "client-started");
+    let routes = String::from_utf8_lossy(
+        &Command::new("ip").args(["-n", &lab.netns("a"), "route", "show", "proto", "202"]).output().unwrap().stdout,
+    )
+    .into_owned();
+    let b_cidr = server.ok(&["get", "node", "b", "-o", "jsonpath={.spec.podCIDR}"]);
+    assert_eq!(routes.trim(), format!("{b_cidr} via {ip_b} dev eth0"), "node a's routes to other nodes' pods");
+
+    // A wrong token, and a token pinning another CA, are refused with words saying so.
+    let port = server.url.rsplit(':').next().unwrap().to_string();
+    let url = format!("https://{}:{port}", lab.gateway());
+    let token = std::fs::read_to_string(server.dir.path().join("data/server/token")).unwrap().trim().to_string();
+    let secret = token.rsplit(':').next().unwrap();
+    let foreign = format!("K10{}::server:{secret}", "0".repeat(64));
+    for (given, says) in [
+        ("not-the-token", "refused the join token (401 Unauthorized)"),
+        (foreign.as_str(), "it is not the server the token was made for"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out =
+            agent_command(&dir, "intruder", &url).args(["--token", given]).stderr(Stdio::piped()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{err}");
+    }
+    assert!(server.log().contains("refused a node joining with a token that is not this server's join token"));
+    assert!(!server.ok(&["get", "nodes", "-o", "name"]).contains("intruder"));
+
+    // The network of node a is cut: past the grace period it is Unknown and tainted, the pod that
+    // tolerates that for 10 s is evicted, the others stay.
+    let started_at = |s: &Server, name: &str| {
+        pod(s, name)["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].clone()
+    };
+    let client_started = started_at(&server, "client");
+    lab.set_link("a", false);
+    eventually(60, || (node_condition(&server, "a", "Ready") == "Unknown").then_some(()));
+    let taints = server.ok(&["get", "node", "a", "-o", "jsonpath={.spec.taints[*].key}"]);
+    assert!(taints.contains("node.kubernetes.io/unreachable"), "{taints}");
+    eventually(60, || {
+        let out = server.kubectl(&["get", "pod", "tolerant", "-o", "jsonpath={.metadata.deletionTimestamp}"]);
+        (!out.status.success() || !out.stdout.is_empty()).then_some(())
+    });
+    assert!(server.kubectl(&["get", "pod", "client"]).status.success(), "client tolerates 300 s and stays");
+
+    // Back: Ready again, untainted, the evicted pod gone for good, and the others never restarted.
+    lab.set_link("a", true);
+    eventually(60, || (node_condition(&server, "a", "Ready") == "True").then_some(()));
+    eventually(30, || {
+        let taints = server.ok(&["get", "node", "a", "-o", "jsonpath={.spec.taints[*].key}"]);
+        (!taints.contains("unreachable")).then_some(())
+    });
+    eventually(60, || (!server.kubectl(&["get", "pod", "tolerant"]).status.success()).then_some(()));
+    let client = pod(&server, "client");
+    assert_eq!(client["status"]["containerStatuses"][0]["restartCount"], 0, "{client}");
+    assert_eq!(started_at(&server, "client"), client_started, "the client's container kept running");
+    assert_eq!(server.ok(&["exec", "client", "--", "echo", "still-here"]).trim(), "still-here");
+    drop((a, b));
+    drop(lab);
+}
