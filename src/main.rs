@@ -243,6 +243,9 @@ struct NodeArgs {
     /// Log filter, e.g. `info` or `cairn=debug`
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
+    /// Directory of static pod manifests, run here without the scheduler, with mirror pods in the API (kubelet's --pod-manifest-path) [default: <data-dir>/agent/pod-manifests]
+    #[arg(long)]
+    pod_manifest_path: Option<PathBuf>,
     /// IPv4 address to advertise for this node (its InternalIP) [default: the host's first address]
     #[arg(long)]
     node_ip: Option<IpAddr>,
@@ -441,12 +444,32 @@ fn parse_cluster_cidr(text: &str) -> Result<net::Cidr> {
         .net())
 }
 
-/// The node's own settings from its flags; checks that its runtime can start at all.
-fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) -> Result<node::NodeConfig> {
-    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+/// Checks the node flags that need no machine to check.
+fn check_node_flags(args: &NodeArgs) -> Result<()> {
     if args.cni_bin_dir.is_some() != args.cni_conf_dir.is_some() {
         anyhow::bail!("--cni-bin-dir and --cni-conf-dir go together: give both to use your own CNI plugins");
     }
+    reserved_of(args)?;
+    devices_of(args)?;
+    Ok(())
+}
+
+fn devices_of(args: &NodeArgs) -> Result<Vec<devices::generic::DeviceGlob>> {
+    args.devices.iter().map(|d| d.parse()).collect::<Result<Vec<_>, String>>().map_err(anyhow::Error::msg)
+}
+
+/// `--system-reserved` plus `--kube-reserved`.
+fn reserved_of(args: &NodeArgs) -> Result<agent::node::Reserved> {
+    let reserved = |flag: &str, value: &str| {
+        agent::node::Reserved::parse(value).map_err(|e| anyhow::anyhow!("invalid --{flag} {value:?}: {e}"))
+    };
+    Ok(reserved("system-reserved", &args.system_reserved)?.plus(&reserved("kube-reserved", &args.kube_reserved)?))
+}
+
+/// The node's own settings from its flags; checks that its runtime can start at all.
+fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) -> Result<node::NodeConfig> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    check_node_flags(args)?;
     let gpus = (!args.disable_gpu).then(|| devices::nvidia::Gpus::discover(&args.gpu_discovery_root)).flatten();
     if let Some(g) = &gpus {
         let models: Vec<&str> = g.gpus.iter().map(|g| g.model.as_deref().unwrap_or("unknown model")).collect();
@@ -473,17 +496,14 @@ fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) ->
         runtimes: gpus.as_ref().map(|g| g.runtimes.clone()).unwrap_or_default(),
     };
     runtime.check()?;
-    let reserved = |flag: &str, value: &str| {
-        agent::node::Reserved::parse(value).map_err(|e| anyhow::anyhow!("invalid --{flag} {value:?}: {e}"))
-    };
-    let reserved =
-        reserved("system-reserved", &args.system_reserved)?.plus(&reserved("kube-reserved", &args.kube_reserved)?);
+    let reserved = reserved_of(args)?;
     let kubelet_root_dir = args.kubelet_root_dir.clone().unwrap_or_else(|| {
         if is_root() { PathBuf::from("/var/lib/kubelet") } else { data_dir.join("agent").join("kubelet") }
     });
     let local_storage_path = args.default_local_storage_path.clone().unwrap_or_else(|| data_dir.join("storage"));
-    let devices =
-        args.devices.iter().map(|d| d.parse()).collect::<Result<Vec<_>, String>>().map_err(anyhow::Error::msg)?;
+    let devices = devices_of(args)?;
+    let pod_manifest_path =
+        args.pod_manifest_path.clone().unwrap_or_else(|| data_dir.join("agent").join("pod-manifests"));
     let node_ips = match args.node_ip {
         Some(ip) => vec![ip],
         None => node::local_ips(Some(&runtime.network().bridge)),
@@ -503,6 +523,7 @@ fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) ->
         local_storage_path,
         resolv_conf: args.resolv_conf.clone(),
         control_plane,
+        pod_manifest_path,
     })
 }
 
@@ -578,6 +599,8 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         proxy: !args.disable_kube_proxy,
     };
     let node = if args.disable_agent {
+        // The node's flags are checked all the same: a config file shared with agents stays valid.
+        check_node_flags(&args.node)?;
         None
     } else {
         // The node's pod network is IPv4: a /24 of the cluster CIDR, or all of it when smaller.

@@ -42,6 +42,8 @@ pub struct NodeConfig {
     pub resolv_conf: Option<PathBuf>,
     /// Whether this node runs the control plane (its Node is labelled so).
     pub control_plane: bool,
+    /// `--pod-manifest-path`: the static pods' manifests.
+    pub pod_manifest_path: PathBuf,
 }
 
 /// The clients the node's parts act through, one identity each.
@@ -86,6 +88,7 @@ pub async fn start(
         },
         cgroup_root: cfg.cgroup_root.clone(),
         control_plane: cfg.control_plane,
+        pod_manifest_path: cfg.pod_manifest_path.clone(),
     };
     if cluster.dns {
         start_cluster_dns(cluster, cfg.resolv_conf.as_deref(), clients.proxy.clone(), shutdown)

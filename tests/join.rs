@@ -182,7 +182,23 @@ impl Drop for Agent {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // Shims whose containers are gone can outlive a containerd stopped right after their
+        // sandboxes were removed.
+        let shims = format!("containerd-shim.* -address {}/", self.dir.path().display());
+        let _ = Command::new("pkill").args(["-KILL", "-f", &shims]).status();
         common::remove_cgroups(&self.dir);
+    }
+}
+
+/// As `eventually`, with what `context` says when the condition is not met.
+fn within<T>(secs: u64, mut f: impl FnMut() -> Option<T>, context: impl Fn() -> String) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "condition not met within {secs}s:\n{}", context());
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -320,11 +336,69 @@ fn agents_join_run_pods_across_nodes_and_ride_out_a_network_cut() {
     assert!(server.log().contains("refused a node joining with a token that is not this server's join token"));
     assert!(!server.ok(&["get", "nodes", "-o", "name"]).contains("intruder"));
 
-    // The network of node a is cut: past the grace period it is Unknown and tainted, the pod that
-    // tolerates that for 10 s is evicted, the others stay.
     let started_at = |s: &Server, name: &str| {
         pod(s, name)["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].clone()
     };
+    // A static pod: a manifest in node b's directory runs there without the scheduler, with a
+    // mirror pod in the API, owned by the Node; deleting the mirror brings it back (the pod keeps
+    // running), editing the manifest restarts the pod, removing it stops the pod.
+    let manifests = b.dir.path().join("data/agent/pod-manifests");
+    let manifest = |says: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: beacon\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {}\n    imagePullPolicy: Never\n    command: [sh, -c, 'echo {says} && exec sleep 3600']\n",
+            busybox::BUSYBOX
+        )
+    };
+    std::fs::write(manifests.join("beacon.yaml"), manifest("first")).unwrap();
+    let mirror = within(60, || running(&server, "beacon-b"), || b.log());
+    let annotations = mirror["metadata"]["annotations"].clone();
+    assert_eq!(annotations["kubernetes.io/config.source"], "file", "{mirror}");
+    assert_eq!(annotations["kubernetes.io/config.mirror"], annotations["kubernetes.io/config.hash"], "{mirror}");
+    assert_eq!(mirror["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(mirror["metadata"]["ownerReferences"][0]["name"], "b");
+    assert_eq!(mirror["spec"]["nodeName"], "b");
+    let logs = server.kubectl(&["logs", "beacon-b"]);
+    assert_eq!(
+        String::from_utf8_lossy(&logs.stdout).trim(),
+        "first",
+        "{}\n{}",
+        String::from_utf8_lossy(&logs.stderr),
+        b.log()
+    );
+    let started = started_at(&server, "beacon-b");
+    let first_uid = mirror["metadata"]["uid"].clone();
+    server.ok(&["delete", "pod", "beacon-b", "--wait=false"]);
+    let again = within(
+        60,
+        || {
+            let p = running(&server, "beacon-b")?;
+            (p["metadata"]["uid"] != first_uid).then_some(p)
+        },
+        || {
+            format!(
+                "{}\n{}",
+                String::from_utf8_lossy(&server.kubectl(&["get", "pod", "beacon-b", "-o", "yaml"]).stdout),
+                b.log()
+            )
+        },
+    );
+    assert_eq!(
+        again["metadata"]["annotations"]["kubernetes.io/config.mirror"],
+        annotations["kubernetes.io/config.mirror"]
+    );
+    assert_eq!(started_at(&server, "beacon-b"), started, "deleting the mirror pod does not restart the static pod");
+    std::fs::write(manifests.join("beacon.yaml"), manifest("second")).unwrap();
+    eventually(60, || (server.kubectl(&["logs", "beacon-b"]).stdout == b"second\n").then_some(()));
+    let edited = pod(&server, "beacon-b");
+    assert_ne!(
+        edited["metadata"]["annotations"]["kubernetes.io/config.mirror"],
+        annotations["kubernetes.io/config.mirror"]
+    );
+    std::fs::remove_file(manifests.join("beacon.yaml")).unwrap();
+    eventually(60, || (!server.kubectl(&["get", "pod", "beacon-b"]).status.success()).then_some(()));
+
+    // The network of node a is cut: past the grace period it is Unknown and tainted, the pod that
+    // tolerates that for 10 s is evicted, the others stay.
     let client_started = started_at(&server, "client");
     lab.set_link("a", false);
     eventually(60, || (node_condition(&server, "a", "Ready") == "Unknown").then_some(()));

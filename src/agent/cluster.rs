@@ -59,7 +59,16 @@ impl PodApi for ClientApi {
     /// (nominatedNodeName, resize, ...) stay.
     fn write_status<'a>(&'a self, pod: &'a Pod, status: Value) -> BoxFuture<'a, Result<u64, WriteError>> {
         Box::pin(async move {
-            let patch = json!({"metadata": {"uid": spec::uid(pod)}, "status": status});
+            // A static pod's status goes to its mirror pod (the one standing for this very
+            // manifest), whose UID is the API's own.
+            let uid = if super::static_pods::is_static(pod) {
+                let mirror = self.pods(pod).get_opt(spec::name(pod)).await?;
+                let mirror = mirror.filter(|m| super::static_pods::mirror_hash(m) == Some(spec::uid(pod)));
+                mirror.and_then(|m| m.metadata.uid).ok_or(WriteError::Gone)?
+            } else {
+                spec::uid(pod).to_string()
+            };
+            let patch = json!({"metadata": {"uid": uid}, "status": status});
             match self.pods(pod).patch_status(spec::name(pod), &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(written) => Ok(written.metadata.resource_version.and_then(|v| v.parse().ok()).unwrap_or(0)),
                 // Gone, or another pod now: the UID in the patch differs from the stored one.

@@ -29,6 +29,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 const KEEPALIVE_RETRIES: u32 = 3;
+/// HTTP/2 pings on the API connection, and how long one may go unanswered.
+const PING_INTERVAL: Duration = Duration::from_secs(15);
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The server refused the node (a wrong token, a CA that is not the token's, a bad request):
 /// trying again cannot help.
@@ -250,12 +253,19 @@ pub fn api_client(server: &str, creds: &Credentials) -> Result<kube::Client> {
     http.set_keepalive_retries(Some(KEEPALIVE_RETRIES));
     http.set_connect_timeout(Some(REQUEST_TIMEOUT));
     http.set_nodelay(true);
+    // HTTP/2, as client-go: every watch of the node shares one connection, and its pings notice a
+    // dead server within seconds even while a watch is quiet.
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config((*tls).clone())
         .https_only()
-        .enable_http1()
+        .enable_all_versions()
         .wrap_connector(http);
-    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .http2_keep_alive_interval(Some(PING_INTERVAL))
+        .http2_keep_alive_timeout(PING_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+        .build(https);
     let config = kube::Config::new(server.parse().with_context(|| format!("invalid --server URL {server:?}"))?);
     let service = tower::ServiceBuilder::new()
         .layer(config.base_uri_layer())

@@ -23,6 +23,7 @@ pub mod runtime;
 pub mod service_env;
 pub mod sessions;
 pub mod spec;
+pub mod static_pods;
 pub mod stats;
 pub mod status;
 pub mod worker;
@@ -75,6 +76,8 @@ pub struct Config {
     pub cgroup_root: String,
     /// Whether this node runs the control plane too (`cairn server`).
     pub control_plane: bool,
+    /// kubelet's `--pod-manifest-path`: the static pods' manifests.
+    pub pod_manifest_path: std::path::PathBuf,
 }
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
@@ -168,6 +171,11 @@ pub fn start(
         plugin_dirs: storage.plugin_dirs(),
         devices: devices.clone(),
         cluster_dns: cfg.cluster_dns.clone(),
+        static_pods: Some(static_pods::watch_dir(
+            cfg.pod_manifest_path.clone(),
+            cfg.node_name.clone(),
+            shutdown.clone(),
+        )),
     };
     let heartbeat = Heartbeat {
         nodes: Api::all(client.clone()),

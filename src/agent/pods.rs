@@ -25,6 +25,7 @@ use super::logs;
 use super::probes::{self, Kind, ProbeEvent, ProbeManager, What};
 use super::runtime::{ContainerRuntime, RuntimeExec};
 use super::spec;
+use super::static_pods;
 use super::status::keys;
 use super::worker::{Update, Worker};
 use crate::cgroups;
@@ -49,6 +50,8 @@ pub struct Settings {
     pub plugin_dirs: crate::csi::PluginDirs,
     pub devices: crate::devices::Manager,
     pub cluster_dns: super::dns::ClusterDns,
+    /// The static pods of the node's manifest directory, as they change.
+    pub static_pods: Option<watch::Receiver<Arc<Vec<Pod>>>>,
 }
 
 struct Handle {
@@ -90,7 +93,30 @@ pub struct Pods {
     client: kube::Client,
     ctx: Arc<Ctx>,
     workers: Mutex<HashMap<String, Handle>>,
+    /// The static pods' source, taken by the intake.
+    static_pods: Mutex<Option<watch::Receiver<Arc<Vec<Pod>>>>>,
+    /// Held while mirror pods are brought in line, so that one pass runs at a time.
+    mirroring: tokio::sync::Mutex<()>,
     shutdown: CancellationToken,
+}
+
+/// How often mirror pods are checked against the static pods even without a change (kubelet
+/// syncs each pod every 10 s or so).
+const MIRROR_SYNC_PERIOD: Duration = Duration::from_secs(10);
+
+/// `namespace/name`: what a static pod and its mirror pod share.
+fn pod_key(pod: &Pod) -> String {
+    format!("{}/{}", spec::namespace(pod), spec::name(pod))
+}
+
+/// The static pods next time their manifests change; never when there is no source.
+async fn next_static_pods(source: &mut Option<watch::Receiver<Arc<Vec<Pod>>>>) -> Option<Arc<Vec<Pod>>> {
+    if let Some(rx) = source
+        && rx.changed().await.is_ok()
+    {
+        return Some(rx.borrow_and_update().clone());
+    }
+    std::future::pending().await
 }
 
 /// Starts the pod workers, PLEG, probe routing and housekeeping; they run until `shutdown`.
@@ -123,7 +149,14 @@ pub fn start(
     let api = Arc::new(ClientApi::new(client.clone(), settings.node_name));
     let probes = ProbeManager::new(exec.clone(), probe_tx);
     let ctx = Arc::new(Ctx::new(runtime, api, host, probes, exec, health));
-    let manager = Arc::new(Pods { client, ctx, workers: Mutex::new(HashMap::new()), shutdown: shutdown.clone() });
+    let manager = Arc::new(Pods {
+        client,
+        ctx,
+        workers: Mutex::new(HashMap::new()),
+        static_pods: Mutex::new(settings.static_pods),
+        mirroring: tokio::sync::Mutex::new(()),
+        shutdown: shutdown.clone(),
+    });
     tokio::spawn(manager.clone().intake());
     tokio::spawn(manager.clone().relist());
     tokio::spawn(manager.clone().route_probes(probe_rx));
@@ -192,11 +225,32 @@ impl Pods {
         let mine = watcher::Config::default().fields(&format!("spec.nodeName={}", self.ctx.host.node_name));
         let mut pods = std::pin::pin!(watcher(Api::<Pod>::all(self.client.clone()), mine).default_backoff());
         let mut listing: Vec<Pod> = Vec::new();
+        // Static pods by UID, and the mirror pods the API shows by namespace/name.
+        let mut source = self.static_pods.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mut statics: HashMap<String, Pod> = HashMap::new();
+        let mut mirrors: HashMap<String, Pod> = HashMap::new();
+        if let Some(rx) = source.as_mut() {
+            let current = rx.borrow_and_update().clone();
+            self.on_static_pods(&current, &mut statics).await;
+        }
+        let mut mirror_sync = tokio::time::interval(MIRROR_SYNC_PERIOD);
+        mirror_sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let event = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = housekeeping.tick(), if ready => {
                     self.housekeeping().await;
+                    continue;
+                }
+                Some(current) = next_static_pods(&mut source) => {
+                    self.on_static_pods(&current, &mut statics).await;
+                    if ready {
+                        self.sync_mirrors(&statics, &mirrors);
+                    }
+                    continue;
+                }
+                _ = mirror_sync.tick(), if ready && !statics.is_empty() => {
+                    self.sync_mirrors(&statics, &mirrors);
                     continue;
                 }
                 event = pods.next() => match event {
@@ -212,9 +266,13 @@ impl Pods {
                 Event::Init => listing.clear(),
                 Event::InitApply(pod) => listing.push(pod),
                 Event::InitDone => {
-                    let mut pods = std::mem::take(&mut listing);
+                    let (mirrored, mut pods): (Vec<Pod>, Vec<Pod>) =
+                        std::mem::take(&mut listing).into_iter().partition(|p| static_pods::mirror_hash(p).is_some());
+                    mirrors = mirrored.into_iter().map(|p| (pod_key(&p), p)).collect();
                     pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
-                    let listed: HashSet<String> = pods.iter().map(|p| spec::uid(p).to_string()).collect();
+                    let mut listed: HashSet<String> = pods.iter().map(|p| spec::uid(p).to_string()).collect();
+                    // Static pods are not the API's to end.
+                    listed.extend(statics.keys().cloned());
                     for pod in pods.into_iter().filter(|p| self.mine(p)) {
                         self.on_pod(pod).await;
                     }
@@ -234,6 +292,29 @@ impl Pods {
                         self.housekeeping().await;
                         housekeeping.reset();
                     }
+                    self.sync_mirrors(&statics, &mirrors);
+                }
+                // A mirror pod is the API's picture of a static pod, never run itself.
+                Event::Apply(pod) if static_pods::mirror_hash(&pod).is_some() => {
+                    // The status written there is the static pod's latest (kubelet's status
+                    // manager's), which its worker and node endpoint read.
+                    if let Some(own) = static_pods::mirror_hash(&pod).and_then(|h| statics.get(h)) {
+                        let mut own = own.clone();
+                        own.status = pod.status.clone();
+                        own.metadata.resource_version = pod.metadata.resource_version.clone();
+                        let uid = spec::uid(&own).to_string();
+                        self.on_pod(own).await;
+                        // A mirror made again starts without a status: the worker writes it anew.
+                        if mirrors.get(&pod_key(&pod)).map(spec::uid) != Some(spec::uid(&pod)) {
+                            self.wake(&uid);
+                        }
+                    }
+                    mirrors.insert(pod_key(&pod), pod);
+                    self.sync_mirrors(&statics, &mirrors);
+                }
+                Event::Delete(pod) if static_pods::mirror_hash(&pod).is_some() => {
+                    mirrors.remove(&pod_key(&pod));
+                    self.sync_mirrors(&statics, &mirrors);
                 }
                 Event::Apply(pod) if self.mine(&pod) => self.on_pod(pod).await,
                 Event::Apply(_) => {}
@@ -293,6 +374,76 @@ impl Pods {
         });
         self.workers().insert(uid, Handle { tx, wake, info, stopped });
         self.update_qos();
+    }
+
+    /// The manifests changed: new static pods start (an edited manifest is a new pod), those whose
+    /// manifest went stop.
+    async fn on_static_pods(self: &Arc<Self>, current: &[Pod], statics: &mut HashMap<String, Pod>) {
+        let wanted: HashMap<String, Pod> = current.iter().map(|p| (spec::uid(p).to_string(), p.clone())).collect();
+        for (uid, pod) in statics.iter() {
+            if !wanted.contains_key(uid) {
+                tracing::info!("static pod {}: its manifest changed or went; stopping it", spec::full_name(pod));
+                self.on_removed(pod.clone());
+            }
+        }
+        for (uid, pod) in &wanted {
+            if !statics.contains_key(uid) {
+                tracing::info!("static pod {}: starting it from its manifest", spec::full_name(pod));
+                self.on_pod(pod.clone()).await;
+            }
+        }
+        *statics = wanted;
+    }
+
+    /// Brings the mirror pods in line with the static pods (kubelet's mirror pod client), in the
+    /// background: a missing mirror is created, one of another manifest or being deleted is
+    /// deleted (it is created again once gone), one whose static pod went is deleted.
+    fn sync_mirrors(self: &Arc<Self>, statics: &HashMap<String, Pod>, mirrors: &HashMap<String, Pod>) {
+        let (me, statics, mirrors) = (self.clone(), statics.clone(), mirrors.clone());
+        tokio::spawn(async move {
+            let Ok(_pass) = me.mirroring.try_lock() else { return };
+            let Some(node) = me.ctx.host.node() else { return };
+            let by_name: HashMap<String, &Pod> = statics.values().map(|p| (pod_key(p), p)).collect();
+            for (name, mirror) in &mirrors {
+                let current = by_name.get(name).is_some_and(|s| static_pods::mirror_hash(mirror) == Some(spec::uid(s)));
+                if !current || mirror.metadata.deletion_timestamp.is_some() {
+                    me.delete_mirror(mirror).await;
+                }
+            }
+            for (name, pod) in by_name {
+                if !mirrors.contains_key(&name) {
+                    me.create_mirror(pod, &node).await;
+                }
+            }
+        });
+    }
+
+    async fn create_mirror(&self, pod: &Pod, node: &Node) {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), spec::namespace(pod));
+        let mirror = static_pods::mirror_of(pod, node);
+        match api.create(&kube::api::PostParams::default(), &mirror).await {
+            Ok(_) => tracing::info!("static pod {}: created its mirror pod", spec::full_name(pod)),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => tracing::warn!("static pod {}: creating its mirror pod: {e}", spec::full_name(pod)),
+        }
+    }
+
+    /// Deletes a mirror pod at once (grace 0, that very pod), as kubelet's `DeleteMirrorPod`.
+    async fn delete_mirror(&self, mirror: &Pod) {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), spec::namespace(mirror));
+        let params = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(spec::uid(mirror).into()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(spec::name(mirror), &params).await {
+            Ok(_) => tracing::info!("deleted the mirror pod {}", spec::full_name(mirror)),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => tracing::warn!("deleting the mirror pod {}: {e}", spec::full_name(mirror)),
+        }
     }
 
     /// The pod is gone from the API: its worker stops what still runs and cleans up.

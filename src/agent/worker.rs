@@ -986,7 +986,10 @@ impl Worker {
         let phase = status.phase.clone();
         let value = serde_json::to_value(&status).unwrap_or(Value::Null);
         let current = base.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
-        if current.as_ref() == Some(&value) || self.written.as_ref().is_some_and(|(_, v, _)| *v == value) {
+        // A static pod's mirror may be made again, empty, after the write: only what it shows counts.
+        let written =
+            !super::static_pods::is_static(&self.pod) && self.written.as_ref().is_some_and(|(_, v, _)| *v == value);
+        if current.as_ref() == Some(&value) || written {
             self.unpublished = false;
             return phase;
         }
