@@ -187,6 +187,7 @@ pub fn start(
         runtime_health: runtime_health.clone(),
         devices: devices.clone(),
         labels,
+        lease: std::sync::Mutex::new(None),
     };
     let first = Arc::new(tokio::sync::Notify::new());
     let registered = first.clone();
@@ -299,6 +300,8 @@ struct Heartbeat {
     devices: crate::devices::Manager,
     /// Labels of what the node found on itself (its GPUs).
     labels: std::collections::BTreeMap<String, String>,
+    /// The Lease as last written.
+    lease: std::sync::Mutex<Option<Lease>>,
 }
 
 /// Now, in whole seconds (as the API's `Time` is serialized).
@@ -404,11 +407,28 @@ impl Heartbeat {
             renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
             ..Default::default()
         };
+        // The Lease last written is renewed as it is (kubelet's lease controller): one PUT per
+        // renewal, read again only when someone else changed it.
+        let cached = self.lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(mut lease) = cached {
+            lease.spec = Some(spec.clone());
+            match self.leases.replace(name, &PostParams::default(), &lease).await {
+                Ok(written) => {
+                    *self.lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(written);
+                    return Ok(());
+                }
+                Err(e) if is_conflict(&e) || matches!(&e, kube::Error::Api(s) if s.code == 404) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         for _ in 0..3 {
             let Some(mut lease) = self.leases.get_opt(name).await? else { break };
             lease.spec = Some(spec.clone());
             match self.leases.replace(name, &PostParams::default(), &lease).await {
-                Ok(_) => return Ok(()),
+                Ok(written) => {
+                    *self.lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(written);
+                    return Ok(());
+                }
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -431,7 +451,8 @@ impl Heartbeat {
             },
             spec: Some(spec),
         };
-        self.leases.create(&PostParams::default(), &lease).await?;
+        let written = self.leases.create(&PostParams::default(), &lease).await?;
+        *self.lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(written);
         Ok(())
     }
 }
