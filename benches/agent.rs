@@ -27,6 +27,8 @@ mod node;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
 mod oci_image;
+#[path = "common/proc.rs"]
+mod proc;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -43,15 +45,6 @@ use serde_json::{Value, json};
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 fn write_bytes(pid: u32) -> u64 {
@@ -148,7 +141,7 @@ async fn main() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let mut report = json!({});
 
-    let rss_0 = rss_kib(pid);
+    let rss_0 = proc::rss_kib(pid);
     let (writes_0, steps_0) = idle_writes_per_hour(pid, idle_secs).await;
     let containerd_writes_0 = cairn.containerd_pid().map(write_bytes);
     println!("idle, 0 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_0 as f64 / 1024.0, writes_0 / 1048576.0);
@@ -188,7 +181,7 @@ async fn main() -> Result<()> {
     start_pods(&pods, &names).await?;
     // Let the store settle after the churn of the runs above (sled compacts what they deleted).
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let rss_50 = rss_kib(pid);
+    let rss_50 = proc::rss_kib(pid);
     let (writes_50, steps_50) = idle_writes_per_hour(pid, idle_secs).await;
     println!("idle, 50 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_50 as f64 / 1024.0, writes_50 / 1048576.0);
     println!("idle writes per 10 s, 0 pods: {steps_0:?}; 50 pods: {steps_50:?}");

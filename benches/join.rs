@@ -18,6 +18,8 @@
 
 #[path = "common/binary.rs"]
 mod binary;
+#[path = "common/proc.rs"]
+mod proc;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -201,15 +203,6 @@ async fn mark_not_ready(nodes: &Api<Node>, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Removes the (empty) cgroups the bench's nodes left.
 fn remove_cgroups() {
     fn remove_tree(path: &Path) {
@@ -304,8 +297,8 @@ async fn run() -> Result<serde_json::Value> {
         "agent_first_join_to_ready_ms": first,
         "agent_restart_to_ready_ms_median": median(restarts.clone()),
         "agent_restart_to_ready_ms": restarts,
-        "agent_idle_rss_kib": rss_kib(agent_pid),
-        "containerd_idle_rss_kib": containerd.map(rss_kib),
+        "agent_idle_rss_kib": proc::rss_kib(agent_pid),
+        "containerd_idle_rss_kib": containerd.map(proc::rss_kib),
         "idle_window_s": secs,
         "idle_network_bytes_per_hour": bytes_per_hour,
         "idle_network_packets_per_hour": packets_per_hour,

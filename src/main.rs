@@ -823,14 +823,7 @@ fn run_server(args: ServerArgs) -> Result<()> {
     })?;
     init_logging(&args.node.log);
     let cfg = server_config(args)?;
-    limit_malloc_arenas();
-    // Two worker threads suit the small machines cairn runs on.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    rt.block_on(server::run(cfg))
+    block_on(server::run(cfg))
 }
 
 fn run_agent(args: AgentArgs) -> Result<()> {
@@ -841,13 +834,19 @@ fn run_agent(args: AgentArgs) -> Result<()> {
     })?;
     init_logging(&args.node.log);
     let cfg = agent_config(args)?;
+    block_on(join::run(cfg))
+}
+
+/// Runs a long-lived command (server or agent) on two worker threads, which suit the small
+/// machines cairn runs on.
+fn block_on(run: impl std::future::Future<Output = Result<()>>) -> Result<()> {
     limit_malloc_arenas();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(join::run(cfg))
+    rt.block_on(run)
 }
 
 #[cfg(test)]

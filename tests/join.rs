@@ -13,6 +13,8 @@ mod busybox;
 #[allow(dead_code)]
 #[path = "../src/runtime/cri.rs"]
 mod cri;
+#[path = "common/node.rs"]
+mod node;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
 mod oci_image;
@@ -152,24 +154,7 @@ fn spawn_in(netns: &str, cmd: &Command, log: &std::path::Path) -> Child {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let socket = self.dir.path().join("data/agent/containerd/containerd.sock");
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            rt.block_on(async {
-                let cri = cri::Cri::new(&socket);
-                for _ in 0..20 {
-                    let pods = cri.list_pod_sandbox(Default::default()).await.map(|r| r.items).unwrap_or_default();
-                    if pods.is_empty() {
-                        break;
-                    }
-                    for pod in pods {
-                        let id = pod.id;
-                        let _ = cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() }).await;
-                        let _ = cri.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id }).await;
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            });
-        }
+        node::remove_sandboxes(&self.dir.path().join("data/agent/containerd/containerd.sock"));
         if let Some(mut child) = self.child.take() {
             // SAFETY: kill(2) on our own child's pid (nsenter hands the signal on to cairn).
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

@@ -15,8 +15,6 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioExecutor;
 use rustls::RootCertStore;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::join::{NodeCertificateRequest, NodeCertificates};
@@ -161,7 +159,7 @@ impl Join {
             .with_safe_default_protocol_versions()
             .context("TLS configuration")?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer))
+            .with_custom_certificate_verifier(pki::AnyServerCert::new())
             .with_no_client_auth();
         let req = Request::get(format!("{}/cacerts", self.server)).body(Full::default())?;
         let (status, body) = call(tls, req).await.with_context(|| format!("fetching the CA from {}", self.server))?;
@@ -328,44 +326,4 @@ pub fn write_file(path: &Path, contents: &str, mode: u32) -> Result<()> {
         .and_then(|_| f.sync_all())
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", path.display()))
-}
-
-/// Accepts any server certificate: only for fetching `/cacerts`, whose body is then trusted by its
-/// hash (the token's pin), not by the connection.
-#[derive(Debug)]
-struct AnyServer;
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &pki::provider().signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &pki::provider().signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        pki::provider().signature_verification_algorithms.supported_schemes()
-    }
 }

@@ -76,27 +76,30 @@ impl Drop for Node {
             "--wait=false",
         ]);
         let _ = server.kubectl(&["delete", "pods", "--all", "--force", "--grace-period", "0", "--wait=false"]);
-        let socket = server.dir.path().join("data/agent/containerd/containerd.sock");
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            rt.block_on(async {
-                let cri = cri::Cri::new(&socket);
-                for _ in 0..20 {
-                    let pods = cri.list_pod_sandbox(Default::default()).await.map(|r| r.items).unwrap_or_default();
-                    if pods.is_empty() {
-                        break;
-                    }
-                    for pod in pods {
-                        let id = pod.id;
-                        let _ = cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() }).await;
-                        let _ = cri.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id }).await;
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            });
-        }
+        remove_sandboxes(&server.dir.path().join("data/agent/containerd/containerd.sock"));
         let (dir, _) = server.terminate(Duration::from_secs(30));
         super::common::remove_cgroups(&dir);
     }
+}
+
+/// Stops and removes every pod sandbox of the containerd at `socket` (its containers go with them).
+pub fn remove_sandboxes(socket: &std::path::Path) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+    rt.block_on(async {
+        let cri = cri::Cri::new(socket);
+        for _ in 0..20 {
+            let pods = cri.list_pod_sandbox(Default::default()).await.map(|r| r.items).unwrap_or_default();
+            if pods.is_empty() {
+                break;
+            }
+            for pod in pods {
+                let id = pod.id;
+                let _ = cri.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() }).await;
+                let _ = cri.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id }).await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
 }
 
 /// Whether the node reports Ready.
