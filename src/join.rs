@@ -105,7 +105,7 @@ async fn learn(client: &kube::Client, cfg: &NodeConfig, dir: &Path) -> Result<Le
         Ok(learned) => {
             let text = serde_json::to_string(&learned)?;
             if std::fs::read_to_string(&kept).ok().as_deref() != Some(text.as_str()) {
-                credentials::write_file(&kept, &text, 0o644)?;
+                pki::write_atomic(&kept, 0o644, text.as_bytes())?;
             }
             Ok(learned)
         }

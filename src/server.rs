@@ -303,18 +303,7 @@ fn write_token(path: &Path, token: &str) -> Result<()> {
     if std::fs::read_to_string(path).is_ok_and(|t| t.trim() == token) {
         return Ok(());
     }
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    writeln!(f, "{token}").and_then(|_| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", path.display()))
+    Ok(pki::write_atomic(path, 0o600, format!("{token}\n").as_bytes())?)
 }
 
 pub async fn wait_for_signal() {

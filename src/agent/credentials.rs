@@ -181,7 +181,7 @@ impl Join {
                 self.server
             ),
         }
-        write_file(&files.ca, &pem, 0o644)?;
+        pki::write_atomic(&files.ca, 0o644, pem.as_bytes())?;
         Ok(pem)
     }
 
@@ -301,29 +301,11 @@ fn load_or_create_key(path: &Path) -> Result<String> {
         return Ok(pem);
     }
     let pem = pki::new_key_pem().map_err(|e| anyhow!("generating {}: {e}", path.display()))?;
-    write_file(path, &pem, 0o600)?;
+    pki::write_atomic(path, 0o600, pem.as_bytes())?;
     Ok(pem)
 }
 
 fn write_certs(files: &Files, certs: &NodeCertificates) -> Result<()> {
-    write_file(&files.client_cert, &certs.client_certificate, 0o644)?;
-    write_file(&files.serving_cert, &certs.serving_certificate, 0o644)
-}
-
-/// Writes a file atomically with `mode` set before its contents.
-pub fn write_file(path: &Path, contents: &str, mode: u32) -> Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(contents.as_bytes())
-        .and_then(|_| f.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", path.display()))
+    pki::write_atomic(&files.client_cert, 0o644, certs.client_certificate.as_bytes())?;
+    Ok(pki::write_atomic(&files.serving_cert, 0o644, certs.serving_certificate.as_bytes())?)
 }

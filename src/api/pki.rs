@@ -679,7 +679,9 @@ fn create_private_dir(dir: &Path) -> Result<()> {
 
 /// Writes `contents` to a temporary file created with `mode`, then renames it
 /// over `path`.
-fn write_atomic(path: &Path, mode: u32, contents: &[u8]) -> Result<()> {
+/// Writes a file atomically (a temporary beside it, synced, renamed into place) with exactly `mode`
+/// set before any of `contents` is written.
+pub fn write_atomic(path: &Path, mode: u32, contents: &[u8]) -> Result<()> {
     let name = path.file_name().unwrap_or(path.as_os_str()).to_string_lossy();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let _ = fs::remove_file(&tmp);
