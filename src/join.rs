@@ -70,7 +70,8 @@ pub async fn start(mut cfg: AgentConfig, shutdown: CancellationToken) -> Result<
         dir: dir.clone(),
     };
     let creds = Arc::new(retry(&cfg.server, "joining", || join.credentials()).await?);
-    let client = credentials::api_client(&cfg.server, &creds)?;
+    let client = credentials::api_client(&cfg.server, &creds, &creds.client)?;
+    let controller = credentials::api_client(&cfg.server, &creds, &creds.controller)?;
     let learned = learn(&client, &cfg.node, &dir).await?;
     tracing::info!(
         "node {} joined {}: pod range {}, cluster network {}",
@@ -85,7 +86,7 @@ pub async fn start(mut cfg: AgentConfig, shutdown: CancellationToken) -> Result<
     let ca_path = dir.join("server-ca.crt");
     let tls = pki::server_tls(creds.roots.clone(), &ca_path, creds.serving.clone(), "the node endpoint's TLS");
     let endpoint = node::bind_endpoint(std::net::Ipv4Addr::UNSPECIFIED.into(), cfg.node.kubelet_port, tls).await;
-    let clients = node::Clients { agent: client.clone(), proxy: client };
+    let clients = node::Clients { agent: client.clone(), controller };
     node::start(&cfg.node, &learned.cluster, learned.pod_cidr, rt.cri, clients, endpoint, &shutdown).await?;
     join.spawn_renewal(creds, pki::RENEWAL_CHECK_INTERVAL, shutdown);
     tracing::info!("node {} is up after {:.1?}", cfg.node.node_name, started.elapsed());

@@ -46,10 +46,11 @@ pub struct NodeConfig {
     pub pod_manifest_path: PathBuf,
 }
 
-/// The clients the node's parts act through, one identity each.
+/// The clients the node's parts act through: the agent as the node (`system:node:<name>`), the
+/// rest as the node's controllers (`system:cairn-controller`).
 pub struct Clients {
     pub agent: kube::Client,
-    pub proxy: kube::Client,
+    pub controller: kube::Client,
 }
 
 /// Starts the agent, the cluster DNS, the service proxy and the pod routes on a node whose runtime
@@ -91,13 +92,13 @@ pub async fn start(
         pod_manifest_path: cfg.pod_manifest_path.clone(),
     };
     if cluster.dns {
-        start_cluster_dns(cluster, cfg.resolv_conf.as_deref(), clients.proxy.clone(), shutdown)
+        start_cluster_dns(cluster, cfg.resolv_conf.as_deref(), clients.controller.clone(), shutdown)
             .await
             .context("starting the cluster DNS")?;
     }
-    agent::start(clients.agent.clone(), cri, agent, endpoint, shutdown.clone());
+    agent::start(clients.agent, clients.controller.clone(), cri, agent, endpoint, shutdown.clone());
     let stop = shutdown.clone();
-    let (routes_client, node_name) = (clients.agent, cfg.node_name.clone());
+    let (routes_client, node_name) = (clients.controller.clone(), cfg.node_name.clone());
     tokio::spawn(async move {
         if let Err(e) = crate::net::routes::run(routes_client, node_name, stop).await {
             tracing::error!("the routes to other nodes' pods stopped: {e:#}");
@@ -107,7 +108,7 @@ pub async fn start(
         let proxy = crate::proxy::Config::new(&cfg.node_name, cfg.node_ips.clone(), cluster.cluster_cidr);
         let stop = shutdown.clone();
         tokio::spawn(async move {
-            if let Err(e) = crate::proxy::run(clients.proxy, proxy, stop).await {
+            if let Err(e) = crate::proxy::run(clients.controller, proxy, stop).await {
                 tracing::error!("the service proxy stopped: {e:#}");
             }
         });

@@ -253,7 +253,7 @@ async fn start_control_plane(
         }
         let clients = node::Clients {
             agent: client::in_process(app.clone(), client::node(&nc.node_name)),
-            proxy: client::in_process(app.clone(), client::proxy()),
+            controller: client::in_process(app.clone(), client::node_controller()),
         };
         node::start(nc, cluster, nc.runtime.network().subnet, cri, clients, endpoint, &shutdown).await?;
     }

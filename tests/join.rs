@@ -200,7 +200,8 @@ fn running(s: &Server, name: &str) -> Option<Value> {
     (p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["ready"] == true).then_some(p)
 }
 
-/// A pod pinned to `node` through the scheduler (a node selector), with `tolerations`.
+/// A pod pinned to `node` through the scheduler (a node selector), with `tolerations` and
+/// `$GREETING` from the Secret `greeting`.
 fn pod_yaml(name: &str, node: &str, command: &str, tolerations: &str) -> String {
     format!(
         r#"apiVersion: v1
@@ -217,6 +218,10 @@ spec:
     image: {image}
     imagePullPolicy: Never
     command: ["sh", "-c", "{command}"]
+    env:
+    - name: GREETING
+      valueFrom:
+        secretKeyRef: {{name: greeting, key: word}}
     readinessProbe:
       exec:
         command: ["true"]
@@ -261,6 +266,8 @@ fn agents_join_run_pods_across_nodes_and_ride_out_a_network_cut() {
     assert!(!wide.contains("control-plane"), "{wide}");
 
     let none = "[]";
+    server.ok(&["create", "secret", "generic", "greeting", "--from-literal=word=hello"]);
+    server.ok(&["create", "secret", "generic", "lonely", "--from-literal=word=unread"]);
     server.ok_stdin(
         &["apply", "-f", "-"],
         &pod_yaml(
@@ -270,7 +277,10 @@ fn agents_join_run_pods_across_nodes_and_ride_out_a_network_cut() {
             none,
         ),
     );
-    server.ok_stdin(&["apply", "-f", "-"], &pod_yaml("client", "a", "echo client-started && exec sleep 3600", none));
+    server.ok_stdin(
+        &["apply", "-f", "-"],
+        &pod_yaml("client", "a", "echo client-started-$GREETING && exec sleep 3600", none),
+    );
     let tolerant = r#"[{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}]"#;
     server.ok_stdin(&["apply", "-f", "-"], &pod_yaml("tolerant", "a", "exec sleep 3600", tolerant));
     for name in ["web", "client", "tolerant"] {
@@ -294,7 +304,47 @@ fn agents_join_run_pods_across_nodes_and_ride_out_a_network_cut() {
         }
     }
     assert_eq!(page.trim(), "hello-from-b", "{}\n{}", a.log(), b.log());
-    assert_eq!(server.ok(&["logs", "client"]).trim(), "client-started");
+    assert_eq!(server.ok(&["logs", "client"]).trim(), "client-started-hello");
+
+    // A node's identity reads what its pods refer to and nothing else, and writes only its own
+    // (the Node authorizer and NodeRestriction): as node a, with its own credentials.
+    let creds = a.dir.path().join("data/agent");
+    let as_node_a = |args: &[&str]| {
+        let out = Command::new(common::kubectl_path())
+            .arg("--server")
+            .arg(&server.url)
+            .arg("--certificate-authority")
+            .arg(creds.join("server-ca.crt"))
+            .arg("--client-certificate")
+            .arg(creds.join("client-kubelet.crt"))
+            .arg("--client-key")
+            .arg(creds.join("client-kubelet.key"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let (read, out) = as_node_a(&["get", "secret", "greeting", "-o", "jsonpath={.data.word}"]);
+    assert!(read && out == "aGVsbG8=", "a Secret its pod refers to: {out}");
+    for (args, says) in [
+        (
+            &["get", "secret", "lonely"][..],
+            "secrets \"lonely\" is forbidden: User \"system:node:a\" cannot get resource \"secrets\" in API group \"\" \
+             in the namespace \"default\": no relationship found between node 'a' and this object",
+        ),
+        (&["get", "nodes"][..], "node 'a' cannot read all nodes, only its own Node object"),
+        (
+            &["patch", "node", "a", "-p", r#"{"spec":{"taints":[{"key":"k","effect":"NoSchedule"}]}}"#][..],
+            "node \"a\" is not allowed to modify taints",
+        ),
+        (&["delete", "pod", "web"][..], "node \"a\" can only delete pods with spec.nodeName set to itself"),
+    ] {
+        let (ok, out) = as_node_a(args);
+        assert!(!ok && out.contains("(Forbidden)") && out.contains(says), "{args:?}: {out}");
+    }
     let routes = String::from_utf8_lossy(
         &Command::new("ip").args(["-n", &lab.netns("a"), "route", "show", "proto", "202"]).output().unwrap().stdout,
     )

@@ -1,8 +1,9 @@
 //! A joined node's trust and identity (what k3s's agent keeps under `agent/`): the server's CA,
 //! fetched once from `/cacerts` and trusted only when it hashes to the join token's pin; the node's
-//! client certificate (`system:node:<name>`) and its endpoint's serving certificate, for keys made
-//! here that never leave the node, signed by the server (`POST /v1-cairn/node-certificates`) and
-//! renewed before they expire; and the HTTPS [`kube::Client`] the agent reaches the API with.
+//! client certificate (`system:node:<name>`), its endpoint's serving certificate and its
+//! controllers' client certificate (`system:cairn-controller`), for keys made here that never leave
+//! the node, signed by the server (`POST /v1-cairn/node-certificates`) and renewed before they
+//! expire; and the HTTPS [`kube::Client`]s the node reaches the API with.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,7 @@ pub struct Credentials {
     pub roots: Arc<RootCertStore>,
     pub client: Arc<SwappableCert>,
     pub serving: Arc<SwappableCert>,
+    pub controller: Arc<SwappableCert>,
 }
 
 /// The files, named as k3s names them under its agent directory.
@@ -64,6 +66,15 @@ struct Files {
     client_key: PathBuf,
     serving_cert: PathBuf,
     serving_key: PathBuf,
+    controller_cert: PathBuf,
+    controller_key: PathBuf,
+}
+
+/// The node's private keys, PEM-encoded.
+struct Keys {
+    client: String,
+    serving: String,
+    controller: String,
 }
 
 impl Files {
@@ -74,7 +85,18 @@ impl Files {
             client_key: dir.join("client-kubelet.key"),
             serving_cert: dir.join("serving-kubelet.crt"),
             serving_key: dir.join("serving-kubelet.key"),
+            controller_cert: dir.join("client-cairn-controller.crt"),
+            controller_key: dir.join("client-cairn-controller.key"),
         }
+    }
+
+    /// The keys, made where missing.
+    fn keys(&self) -> Result<Keys> {
+        Ok(Keys {
+            client: load_or_create_key(&self.client_key)?,
+            serving: load_or_create_key(&self.serving_key)?,
+            controller: load_or_create_key(&self.controller_key)?,
+        })
     }
 }
 
@@ -86,11 +108,10 @@ impl Join {
         let files = Files::new(&self.dir);
         let ca = self.trusted_ca(&files).await?;
         let roots = pki::roots_of(&ca).map_err(|e| anyhow!("the server's CA: {e}"))?;
-        let client_key = load_or_create_key(&files.client_key)?;
-        let serving_key = load_or_create_key(&files.serving_key)?;
+        let keys = files.keys()?;
         if let Some(why) = self.why_renew(&files, &roots) {
             tracing::info!("asking {} for the credentials of node {}: {why}", self.server, self.node_name);
-            let certs = self.request(&roots, None, &client_key, &serving_key).await?;
+            let certs = self.request(&roots, None, &keys).await?;
             write_certs(&files, &certs)?;
         }
         let read = |path: &Path| std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
@@ -98,8 +119,9 @@ impl Join {
             pki::certified_key_of(&read(cert)?, key).map_err(|e| anyhow!("{}: {e}", cert.display()))
         };
         Ok(Credentials {
-            client: Arc::new(SwappableCert::new(key(&files.client_cert, &client_key)?)),
-            serving: Arc::new(SwappableCert::new(key(&files.serving_cert, &serving_key)?)),
+            client: Arc::new(SwappableCert::new(key(&files.client_cert, &keys.client)?)),
+            serving: Arc::new(SwappableCert::new(key(&files.serving_cert, &keys.serving)?)),
+            controller: Arc::new(SwappableCert::new(key(&files.controller_cert, &keys.controller)?)),
             roots,
         })
     }
@@ -126,13 +148,13 @@ impl Join {
         let files = Files::new(&self.dir);
         let Some(why) = self.why_renew(&files, &creds.roots) else { return Ok(()) };
         tracing::info!("renewing the credentials of node {}: {why}", self.node_name);
-        let (client_key, serving_key) =
-            (load_or_create_key(&files.client_key)?, load_or_create_key(&files.serving_key)?);
-        let certs = self.request(&creds.roots, Some(creds.client.clone()), &client_key, &serving_key).await?;
+        let keys = files.keys()?;
+        let certs = self.request(&creds.roots, Some(creds.client.clone()), &keys).await?;
         write_certs(&files, &certs)?;
         let key = |cert: &str, key: &str| pki::certified_key_of(cert, key).map_err(anyhow::Error::msg);
-        creds.client.set(key(&certs.client_certificate, &client_key)?);
-        creds.serving.set(key(&certs.serving_certificate, &serving_key)?);
+        creds.client.set(key(&certs.client_certificate, &keys.client)?);
+        creds.serving.set(key(&certs.serving_certificate, &keys.serving)?);
+        creds.controller.set(key(&certs.controller_certificate, &keys.controller)?);
         Ok(())
     }
 
@@ -142,7 +164,9 @@ impl Join {
             Ok(pem) => pki::check_issued(&pem, roots, serving).err().map(|e| format!("{}: {e}", path.display())),
             Err(_) => Some(format!("{} does not exist yet", path.display())),
         };
-        check(&files.client_cert, None).or_else(|| check(&files.serving_cert, Some(&self.addresses)))
+        check(&files.client_cert, None)
+            .or_else(|| check(&files.serving_cert, Some(&self.addresses)))
+            .or_else(|| check(&files.controller_cert, None))
     }
 
     /// The server's CA: the one kept from an earlier join when the token's pin still matches it,
@@ -190,16 +214,16 @@ impl Join {
         &self,
         roots: &Arc<RootCertStore>,
         identity: Option<Arc<SwappableCert>>,
-        client_key: &str,
-        serving_key: &str,
+        keys: &Keys,
     ) -> Result<NodeCertificates> {
         let user = format!("system:node:{}", self.node_name);
-        let csr = |key: &str| pki::request_for(key, &user).map_err(anyhow::Error::msg);
+        let csr = |key: &str, user: &str| pki::request_for(key, user).map_err(anyhow::Error::msg);
         let ask = NodeCertificateRequest {
             node_name: self.node_name.clone(),
             addresses: self.addresses.clone(),
-            client_csr: csr(client_key)?,
-            serving_csr: csr(serving_key)?,
+            client_csr: csr(&keys.client, &user)?,
+            serving_csr: csr(&keys.serving, &user)?,
+            controller_csr: csr(&keys.controller, crate::api::authz::CONTROLLER_USER)?,
         };
         let builder = rustls::ClientConfig::builder_with_provider(pki::provider())
             .with_safe_default_protocol_versions()
@@ -239,11 +263,11 @@ impl Join {
     }
 }
 
-/// The API client of a joined node: HTTPS to `server`, trusting only the cluster CA, presenting
-/// the node's current client certificate.
-pub fn api_client(server: &str, creds: &Credentials) -> Result<kube::Client> {
+/// An API client of a joined node: HTTPS to `server`, trusting only the cluster CA, presenting
+/// `identity`'s current client certificate.
+pub fn api_client(server: &str, creds: &Credentials, identity: &Arc<SwappableCert>) -> Result<kube::Client> {
     use kube::client::ConfigExt as _;
-    let tls = pki::client_tls(creds.roots.clone(), creds.client.clone())?;
+    let tls = pki::client_tls(creds.roots.clone(), identity.clone())?;
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_keepalive(Some(KEEPALIVE));
@@ -307,5 +331,6 @@ fn load_or_create_key(path: &Path) -> Result<String> {
 
 fn write_certs(files: &Files, certs: &NodeCertificates) -> Result<()> {
     pki::write_atomic(&files.client_cert, 0o644, certs.client_certificate.as_bytes())?;
-    Ok(pki::write_atomic(&files.serving_cert, 0o644, certs.serving_certificate.as_bytes())?)
+    pki::write_atomic(&files.serving_cert, 0o644, certs.serving_certificate.as_bytes())?;
+    Ok(pki::write_atomic(&files.controller_cert, 0o644, certs.controller_certificate.as_bytes())?)
 }

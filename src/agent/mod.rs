@@ -104,8 +104,10 @@ fn unix_now() -> u64 {
 
 /// Starts the node's heartbeat (status and lease) and the pod workers; they run until `shutdown`.
 /// `endpoint` is the node endpoint's listener (its port is `cfg.kubelet_port`), when it could be bound.
+/// `controller` is the client of the node's CSI provisioner and attacher.
 pub fn start(
     client: kube::Client,
+    controller: kube::Client,
     cri: Cri,
     cfg: Config,
     endpoint: Option<endpoint::Listener>,
@@ -203,7 +205,7 @@ pub fn start(
                 let node_name = settings.node_name.clone();
                 // Volumes of running pods are published again at their first sync: the built-in
                 // driver registers first.
-                crate::csi::start_node(&client, &storage, &node_name, csi_drivers, &stop).await;
+                crate::csi::start_node(&client, &controller, &storage, &node_name, csi_drivers, &stop).await;
                 let socket = std::path::PathBuf::from(cri.endpoint().trim_start_matches("unix://"));
                 let sessions = sessions::ExecSessions::new(crate::runtime::tasks::Tasks::new(&socket));
                 let pods = pods::start(client, cri, settings, runtime_health, stop.clone());

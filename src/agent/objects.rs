@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolume, Persist
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::Api;
 
+use crate::registry::kinds::pod_rules::Referenced;
 use crate::volumes::Objects;
 
 /// The objects a pod refers to, fetched; a missing one is absent.
@@ -58,34 +59,18 @@ pub struct Wanted<'a> {
 
 /// The names of the ConfigMaps and Secrets `wanted` refers to.
 fn referenced(pod: &Pod, wanted: &Wanted) -> (BTreeSet<String>, BTreeSet<String>) {
-    let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
-    let Some(spec) = pod.spec.as_ref() else { return (cms, secrets) };
+    let mut refs = Referenced::default();
+    let Some(spec) = pod.spec.as_ref() else { return (refs.config_maps, refs.secrets) };
     if wanted.volumes {
-        for v in spec.volumes.iter().flatten() {
-            cms.extend(v.config_map.as_ref().map(|c| c.name.clone()));
-            secrets.extend(v.secret.as_ref().and_then(|s| s.secret_name.clone()));
-            for source in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
-                cms.extend(source.config_map.as_ref().map(|c| c.name.clone()));
-                secrets.extend(source.secret.as_ref().map(|s| s.name.clone()));
-            }
-        }
+        refs.add_volumes(spec);
     }
     for c in wanted.containers {
-        for from in c.env_from.iter().flatten() {
-            cms.extend(from.config_map_ref.as_ref().map(|r| r.name.clone()));
-            secrets.extend(from.secret_ref.as_ref().map(|r| r.name.clone()));
-        }
-        for source in c.env.iter().flatten().filter_map(|e| e.value_from.as_ref()) {
-            cms.extend(source.config_map_key_ref.as_ref().map(|r| r.name.clone()));
-            secrets.extend(source.secret_key_ref.as_ref().map(|r| r.name.clone()));
-        }
+        refs.add_env(c.env.as_deref(), c.env_from.as_deref());
     }
     if wanted.pull_secrets {
-        secrets.extend(spec.image_pull_secrets.iter().flatten().map(|s| s.name.clone()));
+        refs.add_pull_secrets(spec);
     }
-    cms.retain(|n| !n.is_empty());
-    secrets.retain(|n| !n.is_empty());
-    (cms, secrets)
+    (refs.config_maps, refs.secrets)
 }
 
 /// Reads what `wanted` refers to in the pod's namespace. A read that fails for another reason than

@@ -125,7 +125,12 @@ pub fn from_manifest(text: &str, path: &Path, node: &str) -> Result<Pod, String>
     pod.status = None;
     let spec = pod.spec.get_or_insert_with(Default::default);
     spec.node_name = Some(node.to_string());
+    let account = (spec.service_account_name.clone(), spec.service_account.clone());
     crate::registry::kinds::pod_rules::default_pod(&mut pod);
+    // The API server's ServiceAccount admission has no say in a file: a static pod has a service
+    // account only when its manifest names one (and then NodeRestriction refuses its mirror pod).
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    (spec.service_account_name, spec.service_account) = account;
     let errors = crate::registry::kinds::pod_rules::validate_pod(&pod);
     if !errors.is_empty() {
         let all: Vec<String> = errors.iter().map(ToString::to_string).collect();

@@ -81,6 +81,8 @@ struct Target {
     watch: bool,
     /// What follows `proxy/` in a node proxy path.
     proxy_path: String,
+    /// The node making the request, when a node makes it: the registry's NodeRestriction applies.
+    node: Option<String>,
 }
 
 /// Parsed query string.
@@ -125,7 +127,7 @@ impl Query {
         }
     }
 
-    fn write_options(&self) -> Result<WriteOptions> {
+    fn write_options(&self, t: &Target) -> Result<WriteOptions> {
         let field_validation = match self.get("fieldValidation") {
             None | Some("") => FieldValidation::Warn,
             Some("Ignore") => FieldValidation::Ignore,
@@ -137,7 +139,7 @@ impl Query {
                 )));
             }
         };
-        Ok(WriteOptions { dry_run: self.dry_run()?, field_validation })
+        Ok(WriteOptions { dry_run: self.dry_run()?, field_validation, node: t.node.clone() })
     }
 
     fn selectors(&self) -> Result<(LabelSelector, FieldSelector)> {
@@ -205,7 +207,7 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
         }
     };
     let (namespace, name) = (namespace.map(str::to_string), name.map(str::to_string));
-    Ok(Target { resource, namespace, name, sub, watch, proxy_path })
+    Ok(Target { resource, namespace, name, sub, watch, proxy_path, node: None })
 }
 
 /// Entry point for every resource path.
@@ -217,7 +219,8 @@ pub async fn dispatch(State(state): State<Arc<AppState>>, req: axum::extract::Re
 }
 
 async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response> {
-    let target = resolve(state, req.uri().path())?;
+    let mut target = resolve(state, req.uri().path())?;
+    target.node = req.extensions().get::<super::User>().and_then(super::authz::node_of).map(str::to_string);
     let query = Query::parse(req.uri())?;
     if let (Some(name), Some(sub @ (Subresource::Exec | Subresource::Attach | Subresource::PortForward))) =
         (target.name.as_deref(), target.sub)
@@ -251,12 +254,12 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         }
         (&Method::PUT, Some(name), Some(Subresource::Scale)) => {
             let scale = codec::parse_body(&headers, &body)?;
-            let opts = query.write_options()?;
+            let opts = query.write_options(t)?;
             let scale = state.registry.update_scale(&t.resource, t.namespace.as_deref(), name, scale, &opts).await?;
             Ok(codec::json_bytes(StatusCode::OK, scale))
         }
         (&Method::PATCH, Some(name), Some(Subresource::Scale)) => {
-            let opts = query.write_options()?;
+            let opts = query.write_options(t)?;
             let pt = patch_type(&codec::content_type(&headers))?;
             let scale = state.registry.patch_scale(&t.resource, t.namespace.as_deref(), name, &body, pt, &opts).await?;
             Ok(codec::json_bytes(StatusCode::OK, scale))
@@ -268,7 +271,10 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         (&Method::POST, Some(name), Some(Subresource::Binding)) => bind(state, t, name, &headers, &body).await,
         (&Method::POST, Some(name), Some(Subresource::Eviction)) => {
             let eviction = codec::parse_body(&headers, &body)?;
-            state.registry.evict(t.namespace.as_deref().unwrap_or("default"), name, &eviction).await?;
+            state
+                .registry
+                .evict(t.namespace.as_deref().unwrap_or("default"), name, &eviction, t.node.as_deref())
+                .await?;
             Ok(codec::success(StatusCode::CREATED, None))
         }
         (
@@ -278,7 +284,7 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         ) => {
             let format = codec::negotiate(&headers, None)?;
             let obj = codec::parse_body(&headers, &body)?;
-            let opts = query.write_options()?;
+            let opts = query.write_options(t)?;
             let w = state.registry.update(&t.resource, t.namespace.as_deref(), name, obj, t.sub, &opts).await?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, w.object, &w.warnings))
         }
@@ -294,7 +300,7 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
 async fn create(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
     let obj = codec::parse_body(headers, body)?;
-    let opts = q.write_options()?;
+    let opts = q.write_options(t)?;
     let w = state.registry.create(&t.resource, t.namespace.as_deref(), obj, &opts).await?;
     Ok(codec::object(&t.resource, StatusCode::CREATED, format, w.object, &w.warnings))
 }
@@ -322,7 +328,7 @@ async fn patch(
     body: &[u8],
 ) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
-    let opts = q.write_options()?;
+    let opts = q.write_options(t)?;
     let ct = codec::content_type(headers);
     let ns = t.namespace.as_deref();
     let r = &t.resource;
@@ -369,8 +375,8 @@ fn patch_type(ct: &str) -> Result<PatchType> {
 }
 
 /// Reads `DeleteOptions` from the body (if any) and the query.
-fn delete_options(q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<DeleteOptions> {
-    let mut opts = DeleteOptions { dry_run: q.dry_run()?, ..Default::default() };
+fn delete_options(q: &Query, t: &Target, headers: &HeaderMap, body: &[u8]) -> Result<DeleteOptions> {
+    let mut opts = DeleteOptions { dry_run: q.dry_run()?, node: t.node.clone(), ..Default::default() };
     if !body.iter().all(u8::is_ascii_whitespace) {
         let v = codec::parse_body(headers, body)?;
         if let Some(kind) = v.get("kind").and_then(Value::as_str)
@@ -413,7 +419,7 @@ async fn delete(
     body: &[u8],
 ) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
-    let opts = delete_options(q, headers, body)?;
+    let opts = delete_options(q, t, headers, body)?;
     let r = &t.resource;
     match state.registry.delete(r, t.namespace.as_deref(), name, &opts).await? {
         Deleted::Pending(obj) => Ok(codec::object(r, StatusCode::OK, format, obj, &[])),
@@ -441,7 +447,7 @@ async fn delete_collection(
     body: &[u8],
 ) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
-    let opts = delete_options(q, headers, body)?;
+    let opts = delete_options(q, t, headers, body)?;
     let (labels, fields) = q.selectors()?;
     let list_opts = ListOptions { labels, fields, ..Default::default() };
     let page = state.registry.delete_collection(&t.resource, t.namespace.as_deref(), &list_opts, &opts).await?;

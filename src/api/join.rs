@@ -1,8 +1,9 @@
 //! `POST /v1-cairn/node-certificates`: a joining node's credentials (k3s's `/v1-k3s/client-kubelet.crt`
 //! and `serving-kubelet.crt`). The node authenticates with the join token (or, to renew, with its own
 //! client certificate), sends certificate requests for keys that never leave it, and gets back its
-//! client certificate (`system:node:<name>` in `system:nodes`) and its endpoint's serving
-//! certificate, both signed by the cluster CA.
+//! client certificate (`system:node:<name>` in `system:nodes`), its endpoint's serving
+//! certificate and its controllers' client certificate (`system:cairn-controller`, as k3s's
+//! `client-k3s-controller.crt`), all signed by the cluster CA.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -53,6 +54,8 @@ pub struct NodeCertificateRequest {
     pub client_csr: String,
     #[serde(rename = "servingCSR")]
     pub serving_csr: String,
+    #[serde(rename = "controllerCSR")]
+    pub controller_csr: String,
 }
 
 /// What it gets back.
@@ -61,6 +64,7 @@ pub struct NodeCertificateRequest {
 pub struct NodeCertificates {
     pub client_certificate: String,
     pub serving_certificate: String,
+    pub controller_certificate: String,
     /// The cluster CA (the same bundle `/cacerts` serves).
     pub ca: String,
 }
@@ -96,9 +100,14 @@ async fn issue(state: &AppState, req: Request) -> Result<NodeCertificates, Statu
             user.name, ask.node_name
         )));
     }
-    let (client, serving) = pki
-        .sign_node(&ask.node_name, &ask.addresses, &ask.client_csr, &ask.serving_csr)
+    let (client, serving, controller) = pki
+        .sign_node(&ask.node_name, &ask.addresses, &ask.client_csr, &ask.serving_csr, &ask.controller_csr)
         .map_err(StatusError::bad_request)?;
     tracing::info!("issued the credentials of node {} (for {})", ask.node_name, user.name);
-    Ok(NodeCertificates { client_certificate: client, serving_certificate: serving, ca: pki.ca_pem().to_string() })
+    Ok(NodeCertificates {
+        client_certificate: client,
+        serving_certificate: serving,
+        controller_certificate: controller,
+        ca: pki.ca_pem().to_string(),
+    })
 }

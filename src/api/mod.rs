@@ -3,6 +3,7 @@
 //! **Architecture invariant:** only this module knows HTTP; the registry below it speaks in plain
 //! values and [`StatusError`]s.
 
+pub mod authz;
 mod codec;
 mod discovery;
 mod handlers;
@@ -212,6 +213,9 @@ fn is_public(path: &str) -> bool {
 
 async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     if let Some(InProcess(user)) = req.extensions().get::<InProcess>().cloned() {
+        if let Err(e) = authorize(&state, &user, &req) {
+            return e.into_response();
+        }
         req.extensions_mut().insert(user);
         return next.run(req).await;
     }
@@ -237,6 +241,9 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
     };
     match user {
         Some(u) => {
+            if let Err(e) = authorize(&state, &u, &req) {
+                return e.into_response();
+            }
             let (method, path) = (req.method().clone(), req.uri().path().to_string());
             let (name, groups) = (u.name.clone(), u.groups.clone());
             req.extensions_mut().insert(u);
@@ -247,6 +254,15 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
         None if is_public(req.uri().path()) => next.run(req).await,
         None => StatusError::unauthorized().into_response(),
     }
+}
+
+/// Authorizes an authenticated request (see [`authz`]).
+fn authorize(state: &AppState, user: &User, req: &Request) -> Result<(), StatusError> {
+    if user.groups.iter().any(|g| g == authz::MASTERS_GROUP) {
+        return Ok(());
+    }
+    let attrs = authz::Attributes::of(req.method(), req.uri().path(), req.uri().query());
+    authz::authorize(&state.registry, user, &attrs)
 }
 
 async fn health() -> &'static str {

@@ -322,7 +322,8 @@ impl Pki {
         addresses: &[IpAddr],
         client_csr: &str,
         serving_csr: &str,
-    ) -> Result<(String, String), String> {
+        controller_csr: &str,
+    ) -> Result<(String, String, String), String> {
         let user = format!("system:node:{node}");
         let public_key = |csr: &str, what: &str| {
             rcgen::CertificateSigningRequestParams::from_pem(csr)
@@ -338,13 +339,20 @@ impl Pki {
         let names = ["localhost", node].into_iter().filter_map(parse_san).collect::<Result<Vec<_>>>();
         serving.subject_alt_names = names.map_err(|e| e.to_string())?;
         serving.subject_alt_names.extend(addresses.iter().map(|ip| SanType::IpAddress(*ip)));
+        let mut controller = leaf_params(LEAF_VALIDITY);
+        controller.distinguished_name = dn(super::authz::CONTROLLER_USER, None);
+        controller.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let sign = |params: CertificateParams, csr: &str, what: &str| {
             params
                 .signed_by(&public_key(csr, what)?, &self.ca.issuer)
                 .map(|c| c.pem())
                 .map_err(|e| format!("signing the node's {what} certificate: {e}"))
         };
-        Ok((sign(client, client_csr, "client")?, sign(serving, serving_csr, "serving")?))
+        Ok((
+            sign(client, client_csr, "client")?,
+            sign(serving, serving_csr, "serving")?,
+            sign(controller, controller_csr, "controllers' client")?,
+        ))
     }
 
     /// The CA certificate, PEM-encoded.

@@ -30,9 +30,10 @@ pub fn scheduler() -> User {
     User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into()] }
 }
 
-/// kube-proxy's identity (`system:kube-proxy`), for the service proxy and the cluster DNS.
-pub fn proxy() -> User {
-    User { name: "system:kube-proxy".into(), groups: vec!["system:masters".into()] }
+/// The identity of a node's controllers: the service proxy, the cluster DNS, the routes to other
+/// nodes' pods, the CSI provisioner and attacher (`system:cairn-controller`, as a joined node's).
+pub fn node_controller() -> User {
+    User { name: crate::api::authz::CONTROLLER_USER.into(), groups: vec!["system:masters".into()] }
 }
 
 /// The node agent's identity (a kubelet's upstream: `system:node:<name>` in `system:nodes`).

@@ -99,11 +99,12 @@ impl NodeStorage {
 const BUILT_IN_REGISTRATION: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Starts the node's CSI side: the built-in hostpath driver (its CSI socket and its registration
-/// socket), the plugin watcher that registers it and any other driver, the provisioner and the
-/// attacher. Returns
-/// once the built-in driver is registered (or after a while, with a warning).
+/// socket), the plugin watcher that registers it and any other driver (as the node, `client`), the
+/// provisioner and the attacher (as the node's controllers, `controller`). Returns once the
+/// built-in driver is registered (or after a while, with a warning).
 pub async fn start_node(
     client: &kube::Client,
+    controller: &kube::Client,
     storage: &NodeStorage,
     node_name: &str,
     drivers: client::Drivers,
@@ -135,8 +136,8 @@ pub async fn start_node(
             tracing::error!("CSI plugin watcher: {e:#}; no CSI driver can register on this node");
         }
     });
-    provisioner::spawn(client, drivers.clone(), node_name, storage.agent_dir.join("provisioning"), shutdown);
-    attacher::spawn(client, drivers.clone(), node_name, shutdown);
+    provisioner::spawn(controller, drivers.clone(), node_name, storage.agent_dir.join("provisioning"), shutdown);
+    attacher::spawn(controller, drivers.clone(), node_name, shutdown);
     let registered = async {
         while drivers.get(HOSTPATH_DRIVER).is_none() {
             if changes.next().await.is_none() {

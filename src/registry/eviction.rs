@@ -40,12 +40,13 @@ fn delete_options(eviction: &Value) -> DeleteOptions {
         resource_version: o["preconditions"].get("resourceVersion").and_then(Value::as_str).map(str::to_string),
         propagation: o.get("propagationPolicy").and_then(Value::as_str).map(str::to_string),
         dry_run: o.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All")),
+        node: None,
     }
 }
 
 impl Registry {
     /// `POST pods/{name}/eviction`.
-    pub async fn evict(&self, ns: &str, name: &str, eviction: &Value) -> Result<()> {
+    pub async fn evict(&self, ns: &str, name: &str, eviction: &Value, node: Option<&str>) -> Result<()> {
         if let Some(kind) = eviction.get("kind").and_then(Value::as_str)
             && kind != "Eviction"
         {
@@ -66,6 +67,9 @@ impl Registry {
             .ok_or_else(|| StatusError::internal("poddisruptionbudgets are not served"))?;
         let opts = delete_options(eviction);
         let pod = self.get_value(&pods, Some(ns), name)?;
+        if let Some(node) = node {
+            self.restrict_node_eviction(node, &pod)?;
+        }
         if !ignores_budgets(&pod) {
             let labels: crate::labels::Labels =
                 serde_json::from_value(pod["metadata"]["labels"].clone()).unwrap_or_default();

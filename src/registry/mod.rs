@@ -10,6 +10,7 @@ pub mod bootstrap;
 pub mod error;
 mod eviction;
 pub mod kinds;
+mod noderestriction;
 pub mod patch;
 mod scale;
 pub mod selector;
@@ -50,6 +51,8 @@ pub enum FieldValidation {
 pub struct WriteOptions {
     pub dry_run: bool,
     pub field_validation: FieldValidation,
+    /// The node making the write, when a node makes it: NodeRestriction applies.
+    pub node: Option<String>,
 }
 
 /// The outcome of a write: the object as stored and any warnings for the client.
@@ -69,6 +72,8 @@ pub struct DeleteOptions {
     pub resource_version: Option<String>,
     pub propagation: Option<String>,
     pub dry_run: bool,
+    /// The node deleting, when a node does: NodeRestriction applies.
+    pub node: Option<String>,
 }
 
 /// What a DELETE produced.
@@ -338,6 +343,9 @@ impl Registry {
         if !errs.is_empty() {
             return Err(StatusError::invalid(info.kind, info.group, &name, &errs));
         }
+        if let Some(node) = &opts.node {
+            self.restrict_node(node, r, None, noderestriction::Write::Create(&obj))?;
+        }
         if info.namespaced {
             self.check_namespace_open(r, &ns, &name)?;
         }
@@ -502,6 +510,9 @@ impl Registry {
             if subresource.is_none() {
                 self.admit_update_with_others(r, &new, &old)?;
             }
+            if let Some(node) = &opts.node {
+                self.restrict_node(node, r, subresource, noderestriction::Write::Update { old: &old, new: &new })?;
+            }
             if new == old {
                 return Ok(Written { object: Self::present(r, &cur)?, warnings, created: false });
             }
@@ -561,6 +572,9 @@ impl Registry {
                         cur.rv
                     ),
                 ));
+            }
+            if let Some(node) = &opts.node {
+                self.restrict_node(node, r, None, noderestriction::Write::Delete(&old))?;
             }
             let node_exists = |n: &str| self.node_exists(n);
             let ctx = DeleteContext { requested_grace: opts.grace_period_seconds, node_exists: &node_exists };

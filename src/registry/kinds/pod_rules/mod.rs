@@ -144,6 +144,7 @@ mod defaults;
 mod image;
 mod qos;
 mod quantity;
+mod refs;
 #[cfg(test)]
 mod tests;
 mod validate_containers;
@@ -161,6 +162,7 @@ use qos::*;
 pub use qos::{QosClass, qos_class};
 use quantity::*;
 pub use quantity::{canonical_quantity, parse_quantity};
+pub use refs::Referenced;
 pub use validate_containers::ephemeral_as_container;
 use validate_containers::*;
 use validate_pod::*;
