@@ -102,6 +102,9 @@ struct Agent {
     name: String,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// How it was started, to start it again.
+    netns: String,
+    command: Command,
 }
 
 impl Agent {
@@ -112,14 +115,33 @@ impl Agent {
         std::fs::write(images.join("busybox.tar"), busybox::busybox_image()).unwrap();
         let port = server.url.rsplit(':').next().unwrap().to_string();
         let url = format!("https://{}:{port}", lab.gateway());
-        let mut cmd = agent_command(&dir, name, &url);
-        cmd.arg("--token-file").arg(server.dir.path().join("data/server/token"));
-        let child = spawn_in(&lab.netns(name), &cmd, &dir.path().join("agent.log"));
-        Agent { name: name.to_string(), dir, child: Some(child) }
+        let mut command = agent_command(&dir, name, &url);
+        command.arg("--token-file").arg(server.dir.path().join("data/server/token"));
+        let netns = lab.netns(name);
+        let child = spawn_in(&netns, &command, &dir.path().join("agent.log"));
+        Agent { name: name.to_string(), dir, child: Some(child), netns, command }
+    }
+
+    /// `kill -9`: its containerd and containers stay.
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same data, its log continued in `agent-2.log`.
+    fn start_again(&mut self) {
+        self.child = Some(spawn_in(&self.netns, &self.command, &self.dir.path().join("agent-2.log")));
+    }
+
+    fn socket(&self) -> std::path::PathBuf {
+        self.dir.path().join("data/agent/containerd/containerd.sock")
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+        let read = |f: &str| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
+        read("agent.log") + &read("agent-2.log")
     }
 }
 
@@ -154,7 +176,7 @@ fn spawn_in(netns: &str, cmd: &Command, log: &std::path::Path) -> Child {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        node::remove_sandboxes(&self.dir.path().join("data/agent/containerd/containerd.sock"));
+        node::remove_sandboxes(&self.socket());
         if let Some(mut child) = self.child.take() {
             // SAFETY: kill(2) on our own child's pid (nsenter hands the signal on to cairn).
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -458,5 +480,120 @@ fn agents_join_run_pods_across_nodes_and_ride_out_a_network_cut() {
     assert_eq!(started_at(&server, "client"), client_started, "the client's container kept running");
     assert_eq!(server.ok(&["exec", "client", "--", "echo", "still-here"]).trim(), "still-here");
     drop((a, b));
+    drop(lab);
+}
+
+/// The IDs of the running containers of pod `pod`, as the node's own runtime has them.
+fn running_containers(socket: &std::path::Path, pod: &str) -> Vec<String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let listed = cri::Cri::new(socket).list_containers(Default::default()).await;
+        listed
+            .map(|r| r.containers)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.state == cri::ContainerState::ContainerRunning as i32)
+            .filter(|c| c.labels.get("io.kubernetes.pod.name").map(String::as_str) == Some(pod))
+            .map(|c| c.id)
+            .collect()
+    })
+}
+
+/// Edge autonomy: a joined node cut off from the server that restarts with its containers gone (as
+/// after a reboot) runs its pods again from its local store, their Secret and ConfigMap included
+/// (sealed on its disk), and the server sees them Running once the node is back.
+#[test]
+fn a_node_restarted_while_cut_off_runs_its_pods_from_what_it_last_knew() {
+    let mut lab = Lab::new(2);
+    let server = Server::start_with(
+        tempfile::tempdir().unwrap(),
+        &["--bind-address", "0.0.0.0", "--tls-san", &lab.gateway(), "--cluster-cidr", "10.60.0.0/16"],
+    );
+    lab.add_node("c");
+    let mut c = Agent::start(&lab, &server, "c");
+    eventually(60, || (node_condition(&server, "c", "Ready") == "True").then_some(()));
+    server.ok(&["create", "secret", "generic", "greeting", "--from-literal=word=hello"]);
+    server.ok(&["create", "configmap", "motd", "--from-literal=line=kept-locally"]);
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: autonomous
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - name: motd
+    configMap: {{name: motd}}
+  containers:
+  - name: main
+    image: {image}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo $GREETING-$(cat /etc/motd/line) && exec sleep 3600"]
+    env:
+    - name: GREETING
+      valueFrom:
+        secretKeyRef: {{name: greeting, key: word}}
+    volumeMounts:
+    - {{name: motd, mountPath: /etc/motd}}
+"#,
+        image = busybox::BUSYBOX
+    );
+    server.ok_stdin(&["apply", "-f", "-"], &manifest);
+    eventually(90, || running(&server, "autonomous"));
+    assert_eq!(server.ok(&["logs", "autonomous"]).trim(), "hello-kept-locally");
+    let before = running_containers(&c.socket(), "autonomous");
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    // What the node keeps is sealed: neither the Secret nor the ConfigMap is readable on its disk.
+    let store = c.dir.path().join("data/agent/local-store");
+    let entries: Vec<String> =
+        std::fs::read_dir(&store).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(entries.iter().any(|e| e == "pods") && entries.iter().any(|e| e.starts_with("objects-")), "{entries:?}");
+    for entry in &entries {
+        let bytes = String::from_utf8_lossy(&std::fs::read(store.join(entry)).unwrap()).into_owned();
+        assert!(
+            !bytes.contains("hello") && !bytes.contains("kept-locally") && !bytes.contains("autonomous"),
+            "{entry}"
+        );
+    }
+
+    // Cut off, killed, and its containers gone, as after a reboot; then started again, the
+    // server still out of reach.
+    lab.set_link("c", false);
+    c.kill9();
+    node::remove_sandboxes(&c.socket());
+    assert!(running_containers(&c.socket(), "autonomous").is_empty());
+    c.start_again();
+    let after =
+        within(90, || Some(running_containers(&c.socket(), "autonomous")).filter(|ids| !ids.is_empty()), || c.log());
+    assert_ne!(after, before, "a new container");
+    assert!(c.log().contains("starting the 1 pods node c last knew, from its local store"), "{}", c.log());
+
+    // Back: the server sees the pod run in that very container, with what the local store gave it.
+    lab.set_link("c", true);
+    eventually(90, || (node_condition(&server, "c", "Ready") == "True").then_some(()));
+    let id = within(
+        60,
+        || {
+            let p = running(&server, "autonomous")?;
+            let id = p["status"]["containerStatuses"][0]["containerID"].as_str()?.to_string();
+            id.ends_with(&after[0]).then_some(id)
+        },
+        || c.log(),
+    );
+    assert!(id.starts_with("containerd://"), "{id}");
+    // Its log is a file of its own, past the one the lost container wrote (kubelet's restart count
+    // from the log directory).
+    let logs = server.kubectl(&["logs", "autonomous"]);
+    assert_eq!(
+        String::from_utf8_lossy(&logs.stdout).trim(),
+        "hello-kept-locally",
+        "{}\n{}\n{}",
+        String::from_utf8_lossy(&logs.stderr),
+        server.ok(&["get", "pod", "autonomous", "-o", "yaml"]),
+        c.log()
+    );
+    assert_eq!(pod(&server, "autonomous")["status"]["containerStatuses"][0]["restartCount"], 1);
+    drop(c);
     drop(lab);
 }

@@ -8,6 +8,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{Value, json};
 
+use std::sync::Arc;
+
+use super::local_store::LocalStore;
 use super::objects::{self, Fetched, Wanted};
 use super::spec;
 use crate::events::{EventType, ObjectRef, Recorder};
@@ -37,15 +40,23 @@ pub trait PodApi: Send + Sync + 'static {
     fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<String, String>>;
 }
 
-/// [`PodApi`] over the cluster's client, reporting events as `kubelet` from this node.
+/// [`PodApi`] over the cluster's client, reporting events as `kubelet` from this node. With a
+/// local store, what a pod's objects were is kept there and answers while the server cannot be
+/// reached.
 pub struct ClientApi {
     client: kube::Client,
     recorder: Recorder,
+    local: Option<Arc<LocalStore>>,
+}
+
+/// The local store's entry of a pod's objects.
+pub fn objects_entry(pod: &Pod) -> String {
+    format!("objects-{}", spec::uid(pod))
 }
 
 impl ClientApi {
-    pub fn new(client: kube::Client, node_name: String) -> Self {
-        ClientApi { recorder: Recorder::spawn(client.clone(), "kubelet".into(), node_name), client }
+    pub fn new(client: kube::Client, node_name: String, local: Option<Arc<LocalStore>>) -> Self {
+        ClientApi { recorder: Recorder::spawn(client.clone(), "kubelet".into(), node_name), client, local }
     }
 
     fn pods(&self, pod: &Pod) -> Api<Pod> {
@@ -98,7 +109,31 @@ impl PodApi for ClientApi {
     }
 
     fn objects<'a>(&'a self, pod: &'a Pod, wanted: Wanted<'a>) -> BoxFuture<'a, Result<Fetched, kube::Error>> {
-        Box::pin(async move { objects::fetch(&self.client, pod, &wanted).await })
+        Box::pin(async move {
+            let fetched = objects::fetch(&self.client, pod, &wanted).await;
+            let Some(local) = &self.local else { return fetched };
+            let entry = objects_entry(pod);
+            match fetched {
+                Ok(f) => {
+                    let mut kept: Fetched = local.get(&entry).unwrap_or_default();
+                    kept.merge(&f);
+                    local.put(&entry, &kept);
+                    Ok(f)
+                }
+                // The server did not answer: what was fetched last time.
+                Err(e) if !matches!(e, kube::Error::Api(_)) => match local.get::<Fetched>(&entry) {
+                    Some(kept) => {
+                        tracing::debug!(
+                            "pod {}: the server cannot be reached ({e}): using its objects as last known",
+                            spec::uid(pod)
+                        );
+                        Ok(kept)
+                    }
+                    None => Err(e),
+                },
+                Err(e) => Err(e),
+            }
+        })
     }
 
     fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<String, String>> {

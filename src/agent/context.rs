@@ -89,6 +89,9 @@ pub struct Host {
     pub logs_dir: PathBuf,
     /// This node's Node object, as the watch of it has it.
     pub node: Store<Node>,
+    /// The Node as the local store last kept it: what pods are admitted against while the server
+    /// cannot be reached.
+    pub known_node: Option<Arc<Node>>,
     pub cgroups: Option<cgroups::Manager>,
     pub memory_capacity: u64,
     /// The runtime's name, the scheme of container IDs in the status (`containerd://<id>`).
@@ -103,9 +106,10 @@ pub struct Host {
 }
 
 impl Host {
-    /// This node's Node object, once it is registered.
+    /// This node's Node object, once it is registered (or as last known, while the server cannot
+    /// be reached).
     pub fn node(&self) -> Option<Arc<Node>> {
-        self.node.get(&reflector::ObjectRef::new(&self.node_name))
+        self.node.get(&reflector::ObjectRef::new(&self.node_name)).or_else(|| self.known_node.clone())
     }
 
     pub fn log_dir(&self, pod: &Pod) -> PathBuf {

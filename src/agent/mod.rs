@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod env;
 #[cfg(test)]
 pub mod fake;
+pub mod local_store;
 pub mod logs;
 pub mod node;
 pub mod objects;
@@ -79,6 +80,9 @@ pub struct Config {
     /// kubelet's `--pod-manifest-path`: the static pods' manifests.
     pub pod_manifest_path: std::path::PathBuf,
 }
+
+/// The local store's entry of the Node.
+pub const NODE_ENTRY: &str = "node";
 
 /// `/healthz` fails once the heartbeat has not completed for this long.
 const HEALTHZ_STALE: Duration = Duration::from_secs(60);
@@ -162,6 +166,20 @@ pub fn start(
     if let Some(gpus) = cfg.gpus.clone() {
         tokio::spawn(offer_gpus(client.clone(), cri.clone(), gpus, device_dir.clone(), shutdown.clone()));
     }
+    // A joined node keeps what it last knew, to start from while the server is away; the server's
+    // own node always reaches its API.
+    let local_store = if cfg.control_plane {
+        None
+    } else {
+        let agent_dir = cfg.data_dir.join("agent");
+        match local_store::LocalStore::open(&agent_dir.join("local-store"), &agent_dir.join("local-store.key")) {
+            Ok(s) => Some(Arc::new(s)),
+            Err(e) => {
+                tracing::warn!("node agent: no local store, pods cannot start while the server is away: {e:#}");
+                None
+            }
+        }
+    };
     let mut settings = pods::Settings {
         node_name: cfg.node_name.clone(),
         node_ip: cfg.node_ip.map(|ip| ip.to_string()),
@@ -178,6 +196,7 @@ pub fn start(
             cfg.node_name.clone(),
             shutdown.clone(),
         )),
+        local_store: local_store.clone(),
     };
     let heartbeat = Heartbeat {
         nodes: Api::all(client.clone()),
@@ -190,40 +209,44 @@ pub fn start(
         devices: devices.clone(),
         labels,
         lease: std::sync::Mutex::new(None),
+        local: local_store,
     };
     let first = Arc::new(tokio::sync::Notify::new());
     let registered = first.clone();
     let stop = shutdown.clone();
     tokio::spawn(async move { heartbeat.run(shutdown, registered).await });
     tokio::spawn(async move {
-        // Pods are admitted against the Node's allocatable: wait for the first heartbeat.
+        // Pods are admitted against the Node's allocatable: wait for the first heartbeat, or, on a
+        // node that kept its Node, for a while (the server may not be reachable at all).
+        let known = settings.local_store.as_ref().is_some_and(|l| l.has(NODE_ENTRY));
         tokio::select! {
-            _ = first.notified() => {
-                // Container IDs are reported as `<runtime>://<id>`.
-                let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
-                settings.runtime_name = runtime.split("://").next().filter(|n| !n.is_empty()).unwrap_or("containerd").to_string();
-                let node_name = settings.node_name.clone();
-                // Volumes of running pods are published again at their first sync: the built-in
-                // driver registers first.
-                crate::csi::start_node(&client, &controller, &storage, &node_name, csi_drivers, &stop).await;
-                let socket = std::path::PathBuf::from(cri.endpoint().trim_start_matches("unix://"));
-                let sessions = sessions::ExecSessions::new(crate::runtime::tasks::Tasks::new(&socket));
-                let pods = pods::start(client, cri, settings, runtime_health, stop.clone());
-                let pod_resources = crate::devices::podresources::dir(&storage.kubelet_root_dir);
-                if let Err(e) = crate::devices::podresources::serve(&pod_resources, devices, pods.clone(), stop.clone()) {
-                    tracing::error!("node agent: the pod resources API is not served: {e:#}");
-                }
-                let stats = stats::Stats::new(pods.runtime().clone(), node_name);
-                tokio::spawn(stats.clone().run(stop.clone()));
-                if let Some(e) = endpoint {
-                    let router = endpoint::router(pods, stats, sessions);
-                    if let Some(local) = e.local {
-                        local(router.clone());
-                    }
-                    tokio::spawn(crate::api::serve(e.listener, e.tls, router, stop));
-                }
+            _ = first.notified() => {}
+            _ = tokio::time::sleep(pods::OFFLINE_AFTER), if known => {}
+            _ = stop.cancelled() => return,
+        }
+        // Container IDs are reported as `<runtime>://<id>`.
+        let runtime = cri.readiness().await.map(|r| r.runtime).unwrap_or_default();
+        settings.runtime_name =
+            runtime.split("://").next().filter(|n| !n.is_empty()).unwrap_or("containerd").to_string();
+        let node_name = settings.node_name.clone();
+        // Volumes of running pods are published again at their first sync: the built-in
+        // driver registers first.
+        crate::csi::start_node(&client, &controller, &storage, &node_name, csi_drivers, &stop).await;
+        let socket = std::path::PathBuf::from(cri.endpoint().trim_start_matches("unix://"));
+        let sessions = sessions::ExecSessions::new(crate::runtime::tasks::Tasks::new(&socket));
+        let pods = pods::start(client, cri, settings, runtime_health, stop.clone());
+        let pod_resources = crate::devices::podresources::dir(&storage.kubelet_root_dir);
+        if let Err(e) = crate::devices::podresources::serve(&pod_resources, devices, pods.clone(), stop.clone()) {
+            tracing::error!("node agent: the pod resources API is not served: {e:#}");
+        }
+        let stats = stats::Stats::new(pods.runtime().clone(), node_name);
+        tokio::spawn(stats.clone().run(stop.clone()));
+        if let Some(e) = endpoint {
+            let router = endpoint::router(pods, stats, sessions);
+            if let Some(local) = e.local {
+                local(router.clone());
             }
-            _ = stop.cancelled() => {}
+            tokio::spawn(crate::api::serve(e.listener, e.tls, router, stop));
         }
     });
 }
@@ -304,6 +327,7 @@ struct Heartbeat {
     labels: std::collections::BTreeMap<String, String>,
     /// The Lease as last written.
     lease: std::sync::Mutex<Option<Lease>>,
+    local: Option<Arc<local_store::LocalStore>>,
 }
 
 /// Now, in whole seconds (as the API's `Time` is serialized).
@@ -378,6 +402,7 @@ impl Heartbeat {
                 let node = node::new_node(&inputs);
                 let created = self.nodes.create(&PostParams::default(), &node).await?;
                 tracing::info!("node agent: registered node {}", self.cfg.node_name);
+                self.keep(&created);
                 return Ok(created.status);
             };
             let labels = node::missing_labels(&current, &self.labels);
@@ -392,12 +417,27 @@ impl Heartbeat {
             }
             current.status = Some(status);
             match self.nodes.replace_status(&self.cfg.node_name, &PostParams::default(), &current).await {
-                Ok(written) => return Ok(written.status),
+                Ok(written) => {
+                    self.keep(&written);
+                    return Ok(written.status);
+                }
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
         anyhow::bail!("the Node kept changing while its status was written")
+    }
+
+    /// Keeps the Node in the local store without what changes with every report.
+    fn keep(&self, node: &Node) {
+        let Some(local) = &self.local else { return };
+        let mut node = node.clone();
+        node.metadata.managed_fields = None;
+        node.metadata.resource_version = None;
+        if let Some(s) = node.status.as_mut() {
+            (s.conditions, s.images, s.volumes_in_use, s.volumes_attached) = (None, None, None, None);
+        }
+        local.put(NODE_ENTRY, &node);
     }
 
     /// Renews (or creates) the node's Lease, owned by its Node.

@@ -14,7 +14,7 @@ use crate::registry::kinds::pod_rules::Referenced;
 use crate::volumes::Objects;
 
 /// The objects a pod refers to, fetched; a missing one is absent.
-#[derive(Default)]
+#[derive(Default, serde::Serialize, serde::Deserialize)]
 pub struct Fetched {
     config_maps: HashMap<String, ConfigMap>,
     secrets: HashMap<String, Secret>,
@@ -23,6 +23,25 @@ pub struct Fetched {
     csi_drivers: HashMap<String, CSIDriver>,
     attachments: HashMap<String, VolumeAttachment>,
     services: Vec<Service>,
+}
+
+impl Fetched {
+    /// What `self` knew and `newer` did not, with `newer`'s objects over `self`'s.
+    pub fn merge(&mut self, newer: &Fetched) {
+        extend_map(&mut self.config_maps, &newer.config_maps);
+        extend_map(&mut self.secrets, &newer.secrets);
+        extend_map(&mut self.claims, &newer.claims);
+        extend_map(&mut self.volumes, &newer.volumes);
+        extend_map(&mut self.csi_drivers, &newer.csi_drivers);
+        extend_map(&mut self.attachments, &newer.attachments);
+        if !newer.services.is_empty() {
+            self.services = newer.services.clone();
+        }
+    }
+}
+
+fn extend_map<T: Clone>(into: &mut HashMap<String, T>, from: &HashMap<String, T>) {
+    into.extend(from.iter().map(|(k, v)| (k.clone(), v.clone())));
 }
 
 impl Objects for Fetched {

@@ -21,13 +21,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::{ClientApi, WriteError};
 use super::context::{Ctx, Host, RuntimeHealth};
+use super::local_store::LocalStore;
 use super::logs;
 use super::probes::{self, Kind, ProbeEvent, ProbeManager, What};
 use super::runtime::{ContainerRuntime, RuntimeExec};
 use super::spec;
 use super::static_pods;
 use super::status::keys;
-use super::worker::{Update, Worker};
+use super::worker::{Latest, Update, Worker};
 use crate::cgroups;
 use crate::events::EventType;
 use crate::runtime::cri::{self, Cri};
@@ -52,6 +53,8 @@ pub struct Settings {
     pub cluster_dns: super::dns::ClusterDns,
     /// The static pods of the node's manifest directory, as they change.
     pub static_pods: Option<watch::Receiver<Arc<Vec<Pod>>>>,
+    /// Where a joined node keeps what it last knew, to start from while the server is away.
+    pub local_store: Option<Arc<LocalStore>>,
 }
 
 struct Handle {
@@ -60,6 +63,7 @@ struct Handle {
     /// What admission counts: requests and host ports, until the worker has stopped everything.
     info: Arc<PodInfo>,
     stopped: Arc<AtomicBool>,
+    latest: Latest,
 }
 
 impl Handle {
@@ -97,7 +101,23 @@ pub struct Pods {
     static_pods: Mutex<Option<watch::Receiver<Arc<Vec<Pod>>>>>,
     /// Held while mirror pods are brought in line, so that one pass runs at a time.
     mirroring: tokio::sync::Mutex<()>,
+    local: Option<Arc<LocalStore>>,
     shutdown: CancellationToken,
+}
+
+/// How long a node waits for the server before it starts the pods it last knew (and admits them
+/// against the Node it last knew).
+pub const OFFLINE_AFTER: Duration = Duration::from_secs(10);
+/// The local store's entry of the node's pods.
+const PODS_ENTRY: &str = "pods";
+
+/// A pod as the local store keeps it: what running it needs, not its changing status.
+fn kept(pod: &Pod) -> Pod {
+    let mut p = pod.clone();
+    p.status = None;
+    p.metadata.managed_fields = None;
+    p.metadata.resource_version = None;
+    p
 }
 
 /// How often mirror pods are checked against the static pods even without a change (kubelet
@@ -132,8 +152,10 @@ pub fn start(
     let exec: Arc<dyn probes::Exec> = Arc::new(RuntimeExec(runtime.clone()));
     let agent_dir = settings.data_dir.join("agent");
     let own_node = watcher::Config::default().fields(&format!("metadata.name={}", settings.node_name));
+    let known_node = settings.local_store.as_ref().and_then(|l| l.get::<Node>(super::NODE_ENTRY)).map(Arc::new);
     let host = Host {
         node: crate::client::cache(Api::<Node>::all(client.clone()), own_node, &shutdown),
+        known_node,
         node_name: settings.node_name.clone(),
         node_ip: settings.node_ip,
         pods_dir: agent_dir.join("pods"),
@@ -146,7 +168,7 @@ pub fn start(
         devices: settings.devices,
         cluster_dns: settings.cluster_dns,
     };
-    let api = Arc::new(ClientApi::new(client.clone(), settings.node_name));
+    let api = Arc::new(ClientApi::new(client.clone(), settings.node_name, settings.local_store.clone()));
     let probes = ProbeManager::new(exec.clone(), probe_tx);
     let ctx = Arc::new(Ctx::new(runtime, api, host, probes, exec, health));
     let manager = Arc::new(Pods {
@@ -155,6 +177,7 @@ pub fn start(
         workers: Mutex::new(HashMap::new()),
         static_pods: Mutex::new(settings.static_pods),
         mirroring: tokio::sync::Mutex::new(()),
+        local: settings.local_store,
         shutdown: shutdown.clone(),
     });
     tokio::spawn(manager.clone().intake());
@@ -180,12 +203,19 @@ impl Pods {
     }
 
     /// The pod `namespace/name` among this node's, as its worker has it (gone ones too, until
-    /// their worker ends).
+    /// their worker ends), with the status the worker last generated (kubelet's status manager's,
+    /// which may be ahead of the API's, or the only one while the server is away).
     pub fn find(&self, namespace: &str, name: &str) -> Option<Pod> {
         self.workers().values().find_map(|h| {
             let update = h.tx.borrow();
             let p = update.pod();
-            (spec::namespace(p) == namespace && spec::name(p) == name).then(|| (**p).clone())
+            (spec::namespace(p) == namespace && spec::name(p) == name).then(|| {
+                let mut pod = (**p).clone();
+                if let Some(status) = h.latest.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone() {
+                    pod.status = Some(status);
+                }
+                pod
+            })
         })
     }
 
@@ -213,11 +243,20 @@ impl Pods {
     /// workers of pods it no longer shows told they are gone.
     async fn intake(self: Arc<Self>) {
         let shutdown = self.shutdown.clone();
-        // Admission reads the Node: start once its watch has listed it.
+        // Admission reads the Node: start once its watch has listed it, or, when the server
+        // cannot be reached, on the Node this node last knew.
+        let known_node = self.ctx.host.known_node.is_some();
+        let offline_at = tokio::time::Instant::now() + OFFLINE_AFTER;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = self.ctx.host.node.wait_until_ready() => {}
+            _ = tokio::time::sleep_until(offline_at), if known_node => {}
         }
+        // Without a listing by then, the pods this node last knew start from the local store.
+        let mut offline = std::pin::pin!(tokio::time::sleep_until(offline_at));
+        let mut started_offline = self.local.is_none();
+        // The pods the API last showed as this node's, as the local store keeps them.
+        let mut known: HashMap<String, Pod> = HashMap::new();
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Housekeeping removes what no worker knows: never before the first listing made the workers.
@@ -253,6 +292,11 @@ impl Pods {
                     self.sync_mirrors(&statics, &mirrors);
                     continue;
                 }
+                _ = &mut offline, if !ready && !started_offline => {
+                    started_offline = true;
+                    self.start_known_pods().await;
+                    continue;
+                }
                 event = pods.next() => match event {
                     Some(Ok(e)) => e,
                     Some(Err(e)) => {
@@ -273,6 +317,12 @@ impl Pods {
                     let mut listed: HashSet<String> = pods.iter().map(|p| spec::uid(p).to_string()).collect();
                     // Static pods are not the API's to end.
                     listed.extend(statics.keys().cloned());
+                    known = pods
+                        .iter()
+                        .filter(|p| self.mine(p) && !is_finished(p))
+                        .map(|p| (spec::uid(p).to_string(), kept(p)))
+                        .collect();
+                    self.keep_pods(&known);
                     for pod in pods.into_iter().filter(|p| self.mine(p)) {
                         self.on_pod(pod).await;
                     }
@@ -316,9 +366,31 @@ impl Pods {
                     mirrors.remove(&pod_key(&pod));
                     self.sync_mirrors(&statics, &mirrors);
                 }
-                Event::Apply(pod) if self.mine(&pod) => self.on_pod(pod).await,
+                Event::Apply(pod) if self.mine(&pod) => {
+                    let uid = spec::uid(&pod).to_string();
+                    let changed = if is_finished(&pod) {
+                        known.remove(&uid).is_some()
+                    } else {
+                        let k = kept(&pod);
+                        if known.get(&uid) == Some(&k) {
+                            false
+                        } else {
+                            known.insert(uid, k);
+                            true
+                        }
+                    };
+                    if changed {
+                        self.keep_pods(&known);
+                    }
+                    self.on_pod(pod).await
+                }
                 Event::Apply(_) => {}
-                Event::Delete(pod) => self.on_removed(pod),
+                Event::Delete(pod) => {
+                    if known.remove(spec::uid(&pod)).is_some() {
+                        self.keep_pods(&known);
+                    }
+                    self.on_removed(pod)
+                }
             }
         }
     }
@@ -365,6 +437,7 @@ impl Pods {
         let wake = Arc::new(Notify::new());
         let stopped = Arc::new(AtomicBool::new(!active));
         let worker = Worker::new(self.ctx.clone(), pod, rx, wake.clone(), stopped.clone());
+        let latest = worker.latest();
         let (manager, shutdown, key) = (self.clone(), self.shutdown.clone(), uid.clone());
         tokio::spawn(async move {
             worker.run(shutdown).await;
@@ -372,7 +445,7 @@ impl Pods {
             manager.workers().remove(&key);
             manager.ctx.host.devices.release(&key);
         });
-        self.workers().insert(uid, Handle { tx, wake, info, stopped });
+        self.workers().insert(uid, Handle { tx, wake, info, stopped, latest });
         self.update_qos();
     }
 
@@ -447,6 +520,38 @@ impl Pods {
     }
 
     /// The pod is gone from the API: its worker stops what still runs and cleans up.
+    /// Keeps the node's pods in the local store, and the objects of those pods only.
+    fn keep_pods(&self, known: &HashMap<String, Pod>) {
+        let Some(local) = &self.local else { return };
+        let mut pods: Vec<&Pod> = known.values().collect();
+        pods.sort_by(|a, b| {
+            a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp).then(spec::uid(a).cmp(spec::uid(b)))
+        });
+        local.put(PODS_ENTRY, &pods);
+        let wanted: HashSet<String> = pods.iter().map(|p| super::cluster::objects_entry(p)).collect();
+        for name in local.names().into_iter().filter(|n| n.starts_with("objects-") && !wanted.contains(n)) {
+            local.remove(&name);
+        }
+    }
+
+    /// Edge autonomy: the server has not listed this node's pods in time, so the pods the local
+    /// store kept start (or are adopted, where their containers still run) as they were last known.
+    async fn start_known_pods(self: &Arc<Self>) {
+        let Some(local) = &self.local else { return };
+        let pods: Vec<Pod> = local.get(PODS_ENTRY).unwrap_or_default();
+        if pods.is_empty() {
+            return;
+        }
+        tracing::info!(
+            "node agent: the server has not answered for {OFFLINE_AFTER:?}: starting the {} pods node {} last knew, from its local store",
+            pods.len(),
+            self.ctx.host.node_name
+        );
+        for pod in pods {
+            self.on_pod(pod).await;
+        }
+    }
+
     fn on_removed(&self, pod: Pod) {
         let uid = spec::uid(&pod).to_string();
         let found = self.workers().get(&uid).map(|h| h.tx.send_replace(Update::Removed(Arc::new(pod)))).is_some();

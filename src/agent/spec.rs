@@ -57,6 +57,24 @@ pub fn log_path(container: &str, restart_count: i32) -> String {
     format!("{container}/{restart_count}.log")
 }
 
+/// One past the highest `<N>.log` (or rotated `<N>.log.*`) in a container's log directory; 0 when
+/// there is none.
+pub fn restart_count_by_log_dir(dir: &Path) -> i32 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let (n, rest) = name.split_once(".log")?;
+            (rest.is_empty() || rest.starts_with('.')).then_some(())?;
+            n.parse::<i32>().ok().filter(|_| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|n| n.saturating_add(1))
+        .max()
+        .unwrap_or(0)
+}
+
 /// The hash kubelet keeps on a container to notice that it must be replaced: of its name and
 /// image only (upstream's `pickFieldsToHash`), so an upgrade of cairn or an in-place resize never
 /// restarts a healthy container.
@@ -338,6 +356,18 @@ mod tests {
 
     fn pod(json: serde_json::Value) -> Pod {
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn restart_count_continues_past_the_log_files_there_are() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(restart_count_by_log_dir(&dir.path().join("missing")), 0);
+        assert_eq!(restart_count_by_log_dir(dir.path()), 0);
+        for f in ["0.log", "2.log.20261205-010203", "x.log", "1.logs"] {
+            std::fs::write(dir.path().join(f), "").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("7.log")).unwrap();
+        assert_eq!(restart_count_by_log_dir(dir.path()), 3);
     }
 
     #[test]

@@ -70,10 +70,15 @@ enum Stage {
     Terminated,
 }
 
+/// The status a worker last generated for its pod, written to the API or not yet (what kubelet's
+/// status manager holds): what the node endpoint answers by.
+pub type Latest = Arc<std::sync::Mutex<Option<PodStatus>>>;
+
 pub struct Worker {
     ctx: Arc<Ctx>,
     uid: String,
     pod: Arc<Pod>,
+    latest: Latest,
     updates: watch::Receiver<Update>,
     /// Set once everything of the pod is stopped (admission stops counting it then).
     stopped: Arc<AtomicBool>,
@@ -117,6 +122,11 @@ fn instant_of(ns: i64) -> Instant {
 }
 
 impl Worker {
+    /// The status it last generated, as it changes.
+    pub fn latest(&self) -> Latest {
+        self.latest.clone()
+    }
+
     pub fn new(
         ctx: Arc<Ctx>,
         pod: Arc<Pod>,
@@ -128,6 +138,7 @@ impl Worker {
             uid: spec::uid(&pod).to_string(),
             ctx,
             pod,
+            latest: Latest::default(),
             updates,
             stopped,
             wake,
@@ -626,7 +637,12 @@ impl Worker {
             self.event(EventType::Warning, "Failed", format!("Error: {message}"));
             return;
         }
-        let restart_count = last.map_or(0, |l| l.restart_count + 1);
+        // Without an earlier container (the runtime lost them, as in a reboot), past the log files
+        // there are, so that none is written over (kubelet's `calcRestartCountByLogDir`).
+        let restart_count = last.map_or_else(
+            || spec::restart_count_by_log_dir(&self.ctx.log_dir(pod).join(&c.name)),
+            |l| l.restart_count + 1,
+        );
         let mut pod_with_ips = pod.clone();
         {
             let status = pod_with_ips.status.get_or_insert_with(Default::default);
@@ -983,6 +999,7 @@ impl Worker {
             base.status = Some(written.clone());
         }
         let status = status::generate(&base, rt, &inputs);
+        *self.latest.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(status.clone());
         let phase = status.phase.clone();
         let value = serde_json::to_value(&status).unwrap_or(Value::Null);
         let current = base.status.as_ref().and_then(|s| serde_json::to_value(s).ok());

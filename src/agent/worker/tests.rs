@@ -68,6 +68,7 @@ fn start(runtime: Arc<FakeRuntime>, pod: Pod) -> Harness {
     let exec: Arc<dyn crate::agent::probes::Exec> = Arc::new(RuntimeExec(runtime.clone()));
     let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
     let host = Host {
+        known_node: None,
         node_name: "node-1".into(),
         node_ip: Some("192.0.2.10".into()),
         pods_dir: dir.path().join("pods"),
