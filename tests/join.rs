@@ -282,8 +282,11 @@ fn agents_join_run_pods_across_nodes_and_ride_out_a_network_cut() {
     }
     let wide = server.ok(&["get", "nodes", "-o", "wide"]);
     assert!(wide.contains(&ip_a) && wide.contains(&ip_b), "{wide}");
+    // Both start at once, so either may be given the first /24.
     let cidrs = server.ok(&["get", "nodes", "-o", "jsonpath={.items[*].spec.podCIDR}"]);
-    assert_eq!(cidrs, "10.58.0.0/24 10.58.1.0/24", "each node gets its own /24 of --cluster-cidr");
+    let mut cidrs: Vec<&str> = cidrs.split_whitespace().collect();
+    cidrs.sort_unstable();
+    assert_eq!(cidrs, ["10.58.0.0/24", "10.58.1.0/24"], "each node gets its own /24 of --cluster-cidr");
     // No node runs the control plane.
     assert!(!wide.contains("control-plane"), "{wide}");
 

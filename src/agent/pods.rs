@@ -102,6 +102,8 @@ pub struct Pods {
     /// Held while mirror pods are brought in line, so that one pass runs at a time.
     mirroring: tokio::sync::Mutex<()>,
     local: Option<Arc<LocalStore>>,
+    /// Told whenever a worker has ended (a static pod may be waiting for its name).
+    ended: Notify,
     shutdown: CancellationToken,
 }
 
@@ -178,6 +180,7 @@ pub fn start(
         static_pods: Mutex::new(settings.static_pods),
         mirroring: tokio::sync::Mutex::new(()),
         local: settings.local_store,
+        ended: Notify::new(),
         shutdown: shutdown.clone(),
     });
     tokio::spawn(manager.clone().intake());
@@ -286,6 +289,10 @@ impl Pods {
                     if ready {
                         self.sync_mirrors(&statics, &mirrors);
                     }
+                    continue;
+                }
+                _ = self.ended.notified(), if !statics.is_empty() => {
+                    self.start_statics(&statics).await;
                     continue;
                 }
                 _ = mirror_sync.tick(), if ready && !statics.is_empty() => {
@@ -444,6 +451,7 @@ impl Pods {
             // Only now is the pod forgotten: housekeeping leaves a terminating pod alone.
             manager.workers().remove(&key);
             manager.ctx.host.devices.release(&key);
+            manager.ended.notify_one();
         });
         self.workers().insert(uid, Handle { tx, wake, info, stopped, latest });
         self.update_qos();
@@ -459,13 +467,31 @@ impl Pods {
                 self.on_removed(pod.clone());
             }
         }
-        for (uid, pod) in &wanted {
-            if !statics.contains_key(uid) {
-                tracing::info!("static pod {}: starting it from its manifest", spec::full_name(pod));
-                self.on_pod(pod.clone()).await;
-            }
-        }
         *statics = wanted;
+        self.start_statics(statics).await;
+    }
+
+    /// Starts the static pods that have no worker yet, each only once no other pod of its name
+    /// has one (kubelet's `allowStaticPodStart`: the pod of an edited manifest waits until the one
+    /// it replaces has stopped, so that they never hold its ports or volumes together).
+    async fn start_statics(self: &Arc<Self>, statics: &HashMap<String, Pod>) {
+        for (uid, pod) in statics {
+            let key = pod_key(pod);
+            let (started, blocked) = {
+                let workers = self.workers();
+                let blocked = workers.iter().any(|(u, h)| u != uid && pod_key(h.tx.borrow().pod()) == key);
+                (workers.contains_key(uid), blocked)
+            };
+            if started {
+                continue;
+            }
+            if blocked {
+                tracing::info!("static pod {}: waiting for the pod it replaces to stop", spec::full_name(pod));
+                continue;
+            }
+            tracing::info!("static pod {}: starting it from its manifest", spec::full_name(pod));
+            self.on_pod(pod.clone()).await;
+        }
     }
 
     /// Brings the mirror pods in line with the static pods (kubelet's mirror pod client), in the
