@@ -5,8 +5,8 @@
 #
 # What goes: the cairn and cairn-agent services, cairn's containerd and every container shim it
 # started, the mounts under cairn's and kubelet's directories, the pod bridge cni0 and the pods'
-# veths, the pods' network namespaces, the iptables chains CAIRN-*, the nftables table
-# `ip cairn-proxy`, the routes to other nodes' pods (protocol 202) and the cluster DNS address on lo.
+# veths, the VXLAN device cairn.1, the pods' network namespaces, the iptables chains CAIRN-*, the
+# nftables table `ip cairn-proxy`, the routes to other nodes' pods (protocol 202) and the cluster DNS address on lo.
 #
 # CAIRN_ROOT (default: the root this was installed into) prefixes every file path, for installs
 # into a directory tree; CAIRN_DATA_DIR is the data directory (default /var/lib/cairn);
@@ -63,6 +63,7 @@ for link in $(ip -o link show master cni0 2>/dev/null | awk -F': ' '{ sub(/@.*/,
     ip link delete "$link" 2>/dev/null
 done
 ip link delete cni0 2>/dev/null && say "removed the pod bridge cni0"
+ip link delete cairn.1 2>/dev/null && say "removed the VXLAN device cairn.1"
 ip route flush proto 202 2>/dev/null
 ip addr delete "$cluster_dns/32" dev lo 2>/dev/null
 

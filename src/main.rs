@@ -319,6 +319,10 @@ struct ServerArgs {
     /// Pod network of the cluster
     #[arg(long, default_value = "10.42.0.0/16")]
     cluster_cidr: String,
+    /// How nodes reach each other's pods: auto (direct routes to nodes on a shared network, VXLAN
+    /// to the others), host-gw (direct routes only), vxlan (VXLAN to all), none
+    #[arg(long, value_enum, default_value_t = net::routes::Backend::Auto)]
+    flannel_backend: net::routes::Backend,
     /// Network of the Services' cluster IPs; its first address is the `kubernetes` Service's
     #[arg(long, default_value = "10.43.0.0/16")]
     service_cidr: String,
@@ -619,6 +623,7 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         token,
         node_monitor_grace_period: args.node_monitor_grace_period,
         cluster_cidr,
+        flannel_backend: args.flannel_backend,
         node_name: node_name_of(&args.node),
         store_cache_mib: args.store_cache_mib,
     })

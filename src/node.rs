@@ -98,9 +98,18 @@ pub async fn start(
     }
     agent::start(clients.agent, clients.controller.clone(), cri, agent, endpoint, shutdown.clone());
     let stop = shutdown.clone();
-    let (routes_client, node_name) = (clients.controller.clone(), cfg.node_name.clone());
+    let routes_client = clients.controller.clone();
+    let me = crate::net::routes::Me {
+        name: cfg.node_name.clone(),
+        pods: pod_cidr,
+        ip: cfg.node_ips.iter().find_map(|ip| match ip {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        }),
+    };
+    let backend = cluster.flannel_backend;
     tokio::spawn(async move {
-        if let Err(e) = crate::net::routes::run(routes_client, node_name, stop).await {
+        if let Err(e) = crate::net::routes::run(routes_client, me, backend, stop).await {
             tracing::error!("the routes to other nodes' pods stopped: {e:#}");
         }
     });

@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub node_monitor_grace_period: std::time::Duration,
     /// `--cluster-cidr` when it is IPv4: the pod ranges Nodes are given.
     pub cluster_cidr: Option<crate::net::Cidr>,
+    /// `--flannel-backend`.
+    pub flannel_backend: crate::net::routes::Backend,
 }
 
 /// How Services are served: their ranges, the cluster DNS and which built-in parts run.
@@ -76,6 +78,7 @@ impl ServerConfig {
             cluster_domain: self.services.cluster_domain.clone(),
             dns: self.services.dns,
             proxy: self.services.proxy,
+            flannel_backend: self.flannel_backend,
         })
     }
 }

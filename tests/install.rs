@@ -142,6 +142,7 @@ fn an_agent_install_runs_twice_and_uninstalls_without_a_trace() {
     in_ns(&["ip", "addr", "add", "10.202.0.2/24", "dev", "eth0"]);
     in_ns(&["ip", "link", "set", "eth0", "up"]);
     in_ns(&["ip", "route", "add", "10.59.1.0/24", "via", "10.202.0.3", "proto", "202"]);
+    in_ns(&["ip", "link", "add", "cairn.1", "type", "vxlan", "id", "1", "dstport", "8472", "dev", "eth0"]);
     in_ns(&["ip", "addr", "add", "10.43.0.10/32", "dev", "lo"]);
     in_ns(&["iptables", "-t", "nat", "-N", "CAIRN-POSTRTG"]);
     in_ns(&["iptables", "-t", "nat", "-A", "POSTROUTING", "-j", "CAIRN-POSTRTG"]);
@@ -173,7 +174,7 @@ fn an_agent_install_runs_twice_and_uninstalls_without_a_trace() {
     let tables = in_ns(&["nft", "list", "tables"]);
     let _ = Command::new("ip").args(["netns", "del", &ns]).output();
     assert_eq!(files(root.path()), Vec::<String>::new(), "{out}");
-    assert!(!links.contains("cni0") && !links.contains("vethpod1"), "{links}");
+    assert!(!links.contains("cni0") && !links.contains("vethpod1") && !links.contains("cairn.1"), "{links}");
     assert!(links.contains("eth0"), "only cairn's links go: {links}");
     assert_eq!(routes.trim(), "", "{routes}");
     assert!(!lo.contains("10.43.0.10"), "{lo}");

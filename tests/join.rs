@@ -32,7 +32,9 @@ fn run(cmd: &str, args: &[&str]) {
 
 /// A bridge in the test's namespace and, per node, a network namespace joined to it by a veth
 /// pair: `10.201.<net>.1` is the bridge (where the server listens), nodes get `.2`, `.3`, ...
-/// Everything is removed when dropped.
+/// Nodes added with [`Lab::add_routed_node`] sit on a second bridge, `10.201.<net + 100>.0/24`,
+/// which the test's namespace routes to the first (one router between two sites). Everything is
+/// removed when dropped.
 struct Lab {
     net: u8,
     nodes: Vec<String>,
@@ -42,16 +44,15 @@ impl Lab {
     fn new(net: u8) -> Lab {
         let lab = Lab { net, nodes: Vec::new() };
         lab.remove();
-        let bridge = lab.bridge();
-        run("ip", &["link", "add", &bridge, "type", "bridge"]);
-        run("ip", &["addr", "add", &format!("{}/24", lab.gateway()), "dev", &bridge]);
-        run("ip", &["link", "set", &bridge, "up"]);
+        for net in [net, net + 100] {
+            let bridge = format!("cjbr{net}");
+            run("ip", &["link", "add", &bridge, "type", "bridge"]);
+            run("ip", &["addr", "add", &format!("10.201.{net}.1/24"), "dev", &bridge]);
+            run("ip", &["link", "set", &bridge, "up"]);
+        }
         lab
     }
 
-    fn bridge(&self) -> String {
-        format!("cjbr{}", self.net)
-    }
     fn gateway(&self) -> String {
         format!("10.201.{}.1", self.net)
     }
@@ -65,15 +66,27 @@ impl Lab {
 
     /// Makes the namespace of `node`, with the next address; returns that address.
     fn add_node(&mut self, node: &str) -> String {
+        self.add_node_on(node, self.net)
+    }
+
+    /// As [`Lab::add_node`], on the second network: reached from the first only through a router.
+    fn add_routed_node(&mut self, node: &str) -> String {
+        // The test's namespace routes between the two bridges.
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
+        self.add_node_on(node, self.net + 100)
+    }
+
+    fn add_node_on(&mut self, node: &str, net: u8) -> String {
         self.nodes.push(node.to_string());
         let (ns, veth) = (self.netns(node), self.veth(node));
-        let ip = format!("10.201.{}.{}", self.net, self.nodes.len() + 1);
+        let ip = format!("10.201.{net}.{}", self.nodes.len() + 1);
         run("ip", &["netns", "add", &ns]);
         run("ip", &["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
-        run("ip", &["link", "set", &veth, "master", &self.bridge(), "up"]);
+        run("ip", &["link", "set", &veth, "master", &format!("cjbr{net}"), "up"]);
         run("ip", &["-n", &ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
         run("ip", &["-n", &ns, "link", "set", "eth0", "up"]);
         run("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+        run("ip", &["-n", &ns, "route", "add", "default", "via", &format!("10.201.{net}.1")]);
         ip
     }
 
@@ -86,7 +99,9 @@ impl Lab {
             let _ = Command::new("ip").args(["netns", "del", &self.netns(node)]).output();
             let _ = Command::new("ip").args(["link", "del", &self.veth(node)]).output();
         }
-        let _ = Command::new("ip").args(["link", "del", &self.bridge()]).output();
+        for net in [self.net, self.net + 100] {
+            let _ = Command::new("ip").args(["link", "del", &format!("cjbr{net}")]).output();
+        }
     }
 }
 
@@ -599,4 +614,72 @@ spec:
     assert_eq!(pod(&server, "autonomous")["status"]["containerStatuses"][0]["restartCount"], 1);
     drop(c);
     drop(lab);
+}
+
+/// Nodes on different networks, with a router between them: the pod network reaches across
+/// through VXLAN (`--flannel-backend` auto), and the overlay goes when the far node does.
+#[test]
+fn nodes_on_different_networks_reach_each_others_pods_through_vxlan() {
+    let mut lab = Lab::new(3);
+    let server = Server::start_with(
+        tempfile::tempdir().unwrap(),
+        &["--bind-address", "0.0.0.0", "--tls-san", &lab.gateway(), "--cluster-cidr", "10.61.0.0/16"],
+    );
+    lab.add_node("near");
+    let far_ip = lab.add_routed_node("far");
+    let near = Agent::start(&lab, &server, "near");
+    let far = Agent::start(&lab, &server, "far");
+    for agent in [&near, &far] {
+        within(60, || (node_condition(&server, &agent.name, "Ready") == "True").then_some(()), || agent.log());
+    }
+    server.ok(&["create", "secret", "generic", "greeting", "--from-literal=word=hello"]);
+    let none = "[]";
+    server.ok_stdin(
+        &["apply", "-f", "-"],
+        &pod_yaml(
+            "web",
+            "far",
+            "mkdir /www && echo hello-from-far > /www/index.html && exec httpd -f -p 8080 -h /www",
+            none,
+        ),
+    );
+    server.ok_stdin(&["apply", "-f", "-"], &pod_yaml("client", "near", "exec sleep 3600", none));
+    for name in ["web", "client"] {
+        eventually(90, || running(&server, name));
+    }
+    let web_ip = pod(&server, "web")["status"]["podIP"].as_str().unwrap().to_string();
+    let mut page = String::new();
+    for _ in 0..15 {
+        let out = server.kubectl(&["exec", "client", "--", "wget", "-qO-", &format!("http://{web_ip}:8080/")]);
+        page = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        if out.status.success() {
+            break;
+        }
+    }
+    assert_eq!(page.trim(), "hello-from-far", "{}\n{}", near.log(), far.log());
+
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(["-n", &lab.netns("near")]).args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let far_cidr = server.ok(&["get", "node", "far", "-o", "jsonpath={.spec.podCIDR}"]);
+    let far_gateway = far_cidr.trim_end_matches("/24");
+    let (_, routes) = ip(&["route", "show", "proto", "202"]);
+    assert_eq!(routes.trim(), format!("{far_cidr} via {far_gateway} dev cairn.1 onlink"), "near's routes");
+    let (_, device) = ip(&["-d", "link", "show", "cairn.1"]);
+    assert!(device.contains("vxlan id 1 ") && device.contains("dstport 8472"), "{device}");
+    let (_, fdb) = ip(&["neigh", "show", "dev", "cairn.1"]);
+    assert!(fdb.contains(far_gateway) && fdb.contains("PERMANENT"), "{fdb}");
+    let (_, forwarding) = Command::new("bridge")
+        .args(["-n", &lab.netns("near"), "fdb", "show", "dev", "cairn.1"])
+        .output()
+        .map(|o| (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned()))
+        .unwrap();
+    assert!(forwarding.contains(&format!("dst {far_ip}")), "{forwarding}");
+
+    // The far node leaves: near's route, entries and device go with it.
+    drop(far);
+    server.ok(&["delete", "node", "far"]);
+    within(30, || (!ip(&["link", "show", "cairn.1"]).0).then_some(()), || near.log());
+    assert_eq!(ip(&["route", "show", "proto", "202"]).1.trim(), "");
 }

@@ -32,6 +32,9 @@ pub struct ClusterConfig {
     pub dns: bool,
     /// Whether nodes run the service proxy (`--disable-kube-proxy` turns it off).
     pub proxy: bool,
+    /// `--flannel-backend`: how nodes reach each other's pods (absent from what older servers said).
+    #[serde(default)]
+    pub flannel_backend: crate::net::routes::Backend,
 }
 
 /// `GET /v1-cairn/config`, for any authenticated caller.

@@ -23,6 +23,7 @@ pub mod routes;
 mod spec;
 #[cfg(test)]
 mod tests;
+mod vxlan;
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
