@@ -76,7 +76,9 @@ mod protobuf_table {
         "api::events::v1",
         "api::authentication::v1",
         "api::authorization::v1",
+        "api::certificates::v1",
         "api::policy::v1",
+        "api::rbac::v1",
         "api::storage::v1",
         "api::node::v1",
         "api::apps::v1",
@@ -86,6 +88,9 @@ mod protobuf_table {
         "api::discovery::v1",
         "api::networking::v1",
     ];
+    /// Kinds of those modules that cairn does not serve and `k8s-pb` does not have yet.
+    const UNSERVED_KINDS: &[&str] =
+        &["api::certificates::v1::ClusterTrustBundle", "api::certificates::v1::PodCertificateRequest"];
     /// Kinds accepted under any apiVersion, as clients send them with the group version of the request.
     const ANY_VERSION_KINDS: &[&str] = &["apimachinery::pkg::apis::meta::v1::DeleteOptions"];
 
@@ -474,6 +479,9 @@ mod protobuf_table {
             let mut kinds = Vec::new();
             for module in KIND_MODULES {
                 for ty in self.api.kinds(module) {
+                    if UNSERVED_KINDS.contains(&format!("{module}::{}", ty.name).as_str()) {
+                        continue;
+                    }
                     let (api_version, kind) = ty.resource.clone().unwrap_or_default();
                     match self.pb.find(module, &ty.name) {
                         Some(path) => {

@@ -10,7 +10,11 @@
 //! - delivery latency of one write to 100 concurrent pod watchers, from just before the write is sent
 //!   to the receipt of the event line;
 //! - idle RSS of a fresh `cairn server --disable-agent` 3 s after it became ready, and the size of the
-//!   release binary.
+//!   release binary;
+//! - the cost of authorization: pod creates (16 clients) by a user allowed through a RoleBinding to
+//!   `edit`, among `CAIRN_BENCH_AUTHZ_BINDINGS` bindings of other users, on a server deciding with
+//!   RBAC (the default `Node,RBAC`) against the same on a server with `--authorization-mode
+//!   AlwaysAllow`, alternated twice.
 //!
 //! Every client is a task with its own keep-alive HTTP/1.1 connection, opened before the clock
 //! starts: TLS with the admin client certificate from the kubeconfig for cairn, plain TCP for etcd.
@@ -24,6 +28,7 @@
 //! - `CAIRN_BENCH_LEVEL_SECS` [40]: time limit of one create run (a run cut short reports what it did);
 //! - `CAIRN_BENCH_LIST_PODS` [10000], `CAIRN_BENCH_LIST_RUNS` [5];
 //! - `CAIRN_BENCH_WATCHERS` [100], `CAIRN_BENCH_WATCH_WRITES` [20];
+//! - `CAIRN_BENCH_AUTHZ_CREATES` [5000] per run, `CAIRN_BENCH_AUTHZ_BINDINGS` [1000];
 //! - `CAIRN_BENCH_ETCD` [`/usr/bin/etcd`]: the baseline binary; empty skips the baseline.
 
 use std::fmt::Write as _;
@@ -123,7 +128,9 @@ async fn run(config: &Config) -> Result<Report> {
     let lists = list(&cairn.endpoint, &pod, config).await?;
     progress(&format!("watch: {} watchers, {} writes", config.watchers, config.watch_writes));
     let watch = watch(&cairn.endpoint, &pod, config).await?;
-    Ok(Report { pod_bytes: pod.render("bench-1-0").len(), footprint, creates, lists, watch, baseline })
+    drop(cairn);
+    let authz = authorization(&pod, config).await?;
+    Ok(Report { pod_bytes: pod.render("bench-1-0").len(), footprint, creates, lists, watch, baseline, authz })
 }
 
 /// Starts the etcd baseline, or says why there is none.
@@ -160,6 +167,8 @@ struct Config {
     watchers: usize,
     watch_writes: usize,
     etcd: Option<PathBuf>,
+    authz_creates: usize,
+    authz_bindings: usize,
 }
 
 impl Config {
@@ -181,6 +190,8 @@ impl Config {
             watchers: env_num("CAIRN_BENCH_WATCHERS", 100)?.max(1),
             watch_writes: env_num("CAIRN_BENCH_WATCH_WRITES", 20)?.max(1),
             etcd: (!etcd.is_empty()).then(|| PathBuf::from(etcd)),
+            authz_creates: env_num("CAIRN_BENCH_AUTHZ_CREATES", 5000)?.max(1),
+            authz_bindings: env_num("CAIRN_BENCH_AUTHZ_BINDINGS", 1000)?,
         })
     }
 }
@@ -359,7 +370,7 @@ async fn answers_ok(endpoint: &Endpoint, path: &str) -> bool {
 struct Cairn {
     proc: Proc,
     endpoint: Endpoint,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Cairn {
@@ -386,7 +397,7 @@ impl Cairn {
             if let Ok(endpoint) = Endpoint::from_kubeconfig(&kubeconfig, proc.0.id())
                 && answers_ok(&endpoint, "/readyz").await
             {
-                return Ok(Self { proc, endpoint, _dir: dir });
+                return Ok(Self { proc, endpoint, dir });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -887,6 +898,7 @@ struct Report {
     watch: WatchRun,
     /// The etcd version, or why the baseline was skipped.
     baseline: Result<String, String>,
+    authz: AuthzRun,
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
@@ -922,6 +934,7 @@ impl Report {
         self.cpu_table(&mut t);
         self.list_table(&mut t, config);
         self.watch_table(&mut t);
+        self.authz.table(&mut t, config);
         let f = &self.footprint;
         let _ = writeln!(t, "\nfootprint");
         let _ = writeln!(t, "  idle RSS (--disable-agent, 3 s after ready)  {:.1} MiB", f.idle_rss_kib as f64 / 1024.0);
@@ -1035,6 +1048,7 @@ impl Report {
                 "max_ms": ms(w.delivery.last().copied().unwrap_or_default()),
                 "write_p50_ms": ms(percentile(&w.write, 0.5)),
             },
+            "authorization": self.authz.to_json(config),
             "idle_rss_kib": self.footprint.idle_rss_kib,
             "binary_bytes": self.footprint.binary_bytes,
         })
@@ -1051,4 +1065,136 @@ fn load_cells(l: &Load) -> String {
         ms(percentile(&l.latencies, 0.99)),
         l.errors
     )
+}
+
+// ----------------------------------------------------------------------------------------------
+// Authorization
+
+const AUTHZ_NAMESPACE: &str = "bench-authz";
+const AUTHZ_CLIENTS: usize = 16;
+
+/// Creates by a user allowed through RBAC, against the same with authorization switched off.
+struct AuthzRun {
+    rbac: Vec<Load>,
+    allow: Vec<Load>,
+}
+
+impl AuthzRun {
+    fn per_sec(loads: &[Load]) -> f64 {
+        let ok: usize = loads.iter().map(Load::ok).sum();
+        let secs: f64 = loads.iter().map(|l| l.elapsed.as_secs_f64()).sum();
+        ok as f64 / secs.max(f64::EPSILON)
+    }
+
+    fn server_cpu_us(loads: &[Load]) -> f64 {
+        let ok: usize = loads.iter().map(Load::ok).sum();
+        loads.iter().map(|l| l.server_cpu.as_secs_f64()).sum::<f64>() * 1e6 / ok.max(1) as f64
+    }
+
+    fn ratio(&self) -> f64 {
+        Self::per_sec(&self.rbac) / Self::per_sec(&self.allow).max(f64::EPSILON)
+    }
+
+    fn table(&self, t: &mut String, config: &Config) {
+        let _ = writeln!(
+            t,
+            "\nauthorization: {AUTHZ_CLIENTS} clients creating pods as a user bound to `edit`, {} other bindings",
+            config.authz_bindings
+        );
+        let _ = writeln!(t, "                      ok   per s  p50 ms  p99 ms  err   server CPU us/req");
+        for (name, loads) in [("RBAC", &self.rbac), ("AlwaysAllow", &self.allow)] {
+            for l in loads.iter() {
+                let _ = writeln!(t, "  {name:<12}  {}   {:>8.0}", load_cells(l), l.cpu_us(l.server_cpu));
+            }
+        }
+        let _ = writeln!(
+            t,
+            "  RBAC / AlwaysAllow throughput {:.3}x; server CPU per request {:.0} / {:.0} us",
+            self.ratio(),
+            Self::server_cpu_us(&self.rbac),
+            Self::server_cpu_us(&self.allow)
+        );
+    }
+
+    fn to_json(&self, config: &Config) -> Value {
+        json!({
+            "clients": AUTHZ_CLIENTS,
+            "other_bindings": config.authz_bindings,
+            "rbac": self.rbac.iter().map(Load::to_json).collect::<Vec<_>>(),
+            "always_allow": self.allow.iter().map(Load::to_json).collect::<Vec<_>>(),
+            "rbac_per_sec": Self::per_sec(&self.rbac),
+            "always_allow_per_sec": Self::per_sec(&self.allow),
+            "ratio": self.ratio(),
+        })
+    }
+}
+
+/// A server ready for the authorization runs: the namespace with its `default` service account,
+/// `other` bindings of other users to `view`, and the endpoint of user `bench`, bound to `edit`.
+async fn authz_server(mode: &str, others: usize) -> Result<(Cairn, Endpoint)> {
+    let cairn = Cairn::start(&["--disable-agent", "--authorization-mode", mode]).await?;
+    let mut admin = cairn.endpoint.connect().await?;
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AUTHZ_NAMESPACE}});
+    admin.expect(Req::post("/api/v1/namespaces", namespace.to_string()), StatusCode::CREATED).await?;
+    let path = format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{AUTHZ_NAMESPACE}/rolebindings");
+    let binding = |name: String, user: String, role: &str| {
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        })
+        .to_string()
+    };
+    let filler = {
+        let path = path.clone();
+        move |i| Req::post(path.clone(), binding(format!("other-{i}"), format!("someone-{i}"), "view"))
+    };
+    let made =
+        run_load(&cairn.endpoint, AUTHZ_CLIENTS, others, START_TIMEOUT * 4, (Arc::new(filler), StatusCode::CREATED))
+            .await?;
+    if made.ok() != others {
+        bail!("made {} of {others} bindings: {:?}", made.ok(), made.first_error);
+    }
+    admin.expect(Req::post(path, binding("bench-edit".into(), "bench".into(), "edit")), StatusCode::CREATED).await?;
+
+    let kubeconfig = cairn.dir.path().join("bench-user.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["kubeconfig", "--user", "bench", "--server", &format!("https://{}", cairn.endpoint.addr)])
+        .arg("--data-dir")
+        .arg(cairn.dir.path().join("data"))
+        .output()?;
+    if !out.status.success() {
+        bail!("cairn kubeconfig: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::write(&kubeconfig, &out.stdout)?;
+    let user = Endpoint::from_kubeconfig(&kubeconfig, cairn.pid())?;
+    // Ready once the namespace's service account exists and `edit` has its aggregated rules.
+    let mut conn = user.connect().await?;
+    let deadline = Instant::now() + START_TIMEOUT;
+    let account = format!("/api/v1/namespaces/{AUTHZ_NAMESPACE}/serviceaccounts/default");
+    while !(conn.send(Req::get(account.clone(), JSON)).await?.0.is_success()) {
+        if Instant::now() > deadline {
+            bail!("user bench cannot read {account} on the {mode} server");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok((cairn, user))
+}
+
+async fn authorization(pod: &PodTemplate, config: &Config) -> Result<AuthzRun> {
+    progress(&format!("authorization: two servers, {} bindings each", config.authz_bindings));
+    let (rbac_server, rbac) = authz_server("Node,RBAC", config.authz_bindings).await?;
+    let (allow_server, allow) = authz_server("AlwaysAllow", config.authz_bindings).await?;
+    let mut run = AuthzRun { rbac: Vec::new(), allow: Vec::new() };
+    for round in 0..2 {
+        for (name, endpoint, out) in [("rbac", &rbac, &mut run.rbac), ("allow", &allow, &mut run.allow)] {
+            progress(&format!("authorization: {name}, round {}", round + 1));
+            let names: Names = Arc::new(move |i| format!("authz-{round}-{i}"));
+            let creates = cairn_create(pod, AUTHZ_NAMESPACE, names);
+            out.push(run_load(endpoint, AUTHZ_CLIENTS, config.authz_creates, config.level_limit, creates).await?);
+        }
+    }
+    drop((rbac_server, allow_server));
+    Ok(run)
 }

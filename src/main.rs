@@ -56,6 +56,25 @@ enum Command {
     CsiHostpath(CsiHostpathArgs),
     /// Report what this machine lacks to run cairn's node agent (kernel, cgroups, programs)
     CheckConfig,
+    /// Print a kubeconfig for a user, with a new client certificate from the cluster CA (run on
+    /// the server, as its user); what the user may do is up to RBAC
+    Kubeconfig(KubeconfigArgs),
+}
+
+#[derive(Args, Debug)]
+struct KubeconfigArgs {
+    /// The user's name (the certificate's common name)
+    #[arg(long)]
+    user: String,
+    /// A group the user is in (the certificate's organization)
+    #[arg(long)]
+    group: Option<String>,
+    /// The server's data directory [default: /var/lib/cairn as root, else ~/.cairn]
+    #[arg(long, env = "CAIRN_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// The API server's URL the kubeconfig points at
+    #[arg(long, default_value = "https://127.0.0.1:6443")]
+    server: String,
 }
 
 #[derive(Args, Debug)]
@@ -316,6 +335,10 @@ struct ServerArgs {
     /// KubeSchedulerConfiguration file (kubescheduler.config.k8s.io/v1): profiles, plugins, weights
     #[arg(long)]
     scheduler_config: Option<PathBuf>,
+    /// Authorizers asked in order, the first to allow deciding: Node, RBAC, AlwaysAllow, AlwaysDeny
+    /// (kube-apiserver's --authorization-mode)
+    #[arg(long, default_value = "Node,RBAC")]
+    authorization_mode: api::authz::Modes,
     /// Pod network of the cluster
     #[arg(long, default_value = "10.42.0.0/16")]
     cluster_cidr: String,
@@ -335,6 +358,19 @@ struct ServerArgs {
     /// kube-controller-manager's: how long a node may send no heartbeat before it is Unknown, tainted and its pods evicted
     #[arg(long, default_value = "50s", value_parser = parse_duration)]
     node_monitor_grace_period: std::time::Duration,
+    /// The issuer (`iss`) of service account tokens, and of their OIDC discovery document
+    #[arg(long, default_value = api::sa_token::DEFAULT_ISSUER)]
+    service_account_issuer: String,
+    /// The audiences the API accepts in service account tokens, comma-separated [default: the issuer]
+    #[arg(long, value_delimiter = ',')]
+    api_audiences: Vec<String>,
+    /// The longest lifetime a requested service account token gets (e.g. 24h) [default: no limit]
+    #[arg(long, value_parser = parse_duration)]
+    service_account_max_token_expiration: Option<std::time::Duration>,
+    /// Give the tokens of pods' kube-api-access volumes a year's life, with a warning time at
+    /// their requested hour, for clients that never reread them (kube-apiserver's default)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    service_account_extend_token_expiration: bool,
 }
 
 /// A duration as Kubernetes flags take it: `50s`, `1m30s`, `500ms`.
@@ -624,6 +660,13 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         node_monitor_grace_period: args.node_monitor_grace_period,
         cluster_cidr,
         flannel_backend: args.flannel_backend,
+        authorization: args.authorization_mode.clone(),
+        service_account_issuer: args.service_account_issuer.clone(),
+        token_policy: registry::token_request::TokenPolicy {
+            audiences: args.api_audiences.iter().filter(|a| !a.is_empty()).cloned().collect(),
+            max_expiration_seconds: args.service_account_max_token_expiration.map(|d| d.as_secs() as i64),
+            extend_expiration: args.service_account_extend_token_expiration,
+        },
         node_name: node_name_of(&args.node),
         store_cache_mib: args.store_cache_mib,
     })
@@ -680,6 +723,7 @@ fn main() -> std::process::ExitCode {
         Command::Images(args) => run_images(args),
         Command::Bench(args) => run_bench(args),
         Command::CsiHostpath(args) => run_csi_hostpath(args),
+        Command::Kubeconfig(args) => run_kubeconfig(args),
         Command::CheckConfig => {
             let items = runtime::check_config::report(&runtime::check_config::Kernel::read(std::path::Path::new("/")));
             return if runtime::check_config::print(&items) {
@@ -696,6 +740,13 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn run_kubeconfig(args: KubeconfigArgs) -> Result<()> {
+    let tls = args.data_dir.unwrap_or_else(default_data_dir).join("server").join("tls");
+    let config = api::pki::user_kubeconfig(&tls, &args.server, &args.user, args.group.as_deref())?;
+    print!("{config}");
+    Ok(())
 }
 
 fn run_csi_hostpath(args: CsiHostpathArgs) -> Result<()> {

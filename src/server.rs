@@ -42,6 +42,12 @@ pub struct ServerConfig {
     pub cluster_cidr: Option<crate::net::Cidr>,
     /// `--flannel-backend`.
     pub flannel_backend: crate::net::routes::Backend,
+    /// `--authorization-mode`.
+    pub authorization: api::authz::Modes,
+    /// `--service-account-issuer`.
+    pub service_account_issuer: String,
+    /// `--api-audiences` and the service account token lifetimes.
+    pub token_policy: registry::token_request::TokenPolicy,
 }
 
 /// How Services are served: their ranges, the cluster DNS and which built-in parts run.
@@ -173,9 +179,11 @@ async fn start_control_plane(
     if !cfg.bind_address.is_unspecified() && !node_ips.contains(&cfg.bind_address) {
         node_ips.push(cfg.bind_address);
     }
+    // In-cluster clients reach the API at the `kubernetes` Service's address and check it.
+    let mut sans = cfg.tls_san.clone();
+    sans.push(cfg.services.ranges.nth_ip(1).to_string());
     let pki = Arc::new(
-        pki::Pki::load_or_create(&cfg.tls_dir(), &hostname, &node_ips, &cfg.tls_san)
-            .context("preparing TLS certificates")?,
+        pki::Pki::load_or_create(&cfg.tls_dir(), &hostname, &node_ips, &sans).context("preparing TLS certificates")?,
     );
     let tls = pki.server_config().context("building the TLS configuration")?;
 
@@ -196,12 +204,13 @@ async fn start_control_plane(
     let full = pki::JoinToken::full(pki.ca_pem(), &secret);
     write_token(&cfg.token_file(), &full)?;
     let mut tokens = Tokens::default();
-    let node = User { name: "cairn:node".into(), groups: vec!["system:masters".into(), "system:nodes".into()] };
+    let node = User::new("cairn:node", vec!["system:masters".into(), "system:nodes".into()]);
     tokens.add(secret, node.clone());
     tokens.add(full, node);
 
     let registry = Registry::new(store).with_service_ranges(cfg.services.ranges);
     registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
+    registry::bootstrap::rbac_policy(&registry).await.context("creating the bootstrap RBAC roles and bindings")?;
     registry::bootstrap::local_storage(&registry, &cfg.data_dir.join("server"))
         .await
         .context("creating the local-path StorageClass")?;
@@ -221,9 +230,18 @@ async fn start_control_plane(
             .context("creating the kube-dns Service")?;
     }
     registry.spawn_service_repair(shutdown.clone());
-    let state = Arc::new(AppState::new(registry.clone(), tokens, advertised.to_string()));
+    let state = Arc::new(
+        AppState::new(registry.clone(), tokens, advertised.to_string()).with_authorization(cfg.authorization.clone()),
+    );
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
     let _ = state.pki.set(pki.clone());
+    let issuer = api::sa_token::ServiceAccountTokens::load_or_create(
+        &cfg.tls_dir(),
+        &cfg.service_account_issuer,
+        cfg.token_policy.clone(),
+    )
+    .context("loading the service account key")?;
+    let _ = state.sa_tokens.set(Arc::new(issuer));
     let app = api::router(state.clone());
     if let Some(config) = &cfg.scheduler {
         let client = client::in_process(app.clone(), client::scheduler());
@@ -271,6 +289,11 @@ async fn start_control_plane(
         node_monitor_grace_period: cfg.node_monitor_grace_period,
         cluster_cidr: cfg.cluster_cidr,
         reserved_pod_ranges: cfg.node.iter().map(|n| n.runtime.network().subnet).collect(),
+        root_ca: pki.ca_pem().to_string(),
+        sign_client: {
+            let pki = pki.clone();
+            Arc::new(move |request: &str, lifetime| pki.sign_client_request(request, lifetime))
+        },
     };
     controllers::spawn_all(&controller_client, &options, &shutdown);
     let kubeconfig = cfg.write_kubeconfig.clone();

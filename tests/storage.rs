@@ -483,7 +483,9 @@ fn check_kill9(node: &mut Node) {
     let container = get(node, "pod/durable", "{.status.containerStatuses[0].containerID}");
     let uid = get(node, "pod/durable", "{.metadata.uid}");
     let pod_dir: PathBuf = node.dir.path().join("data/agent/pods").join(&uid);
-    assert_eq!(mounted_under(&pod_dir), 1);
+    // The claim's publish mount (the pod's token volume is a tmpfs of its own beside it).
+    let claim_mounts = pod_dir.join("volumes/kubernetes.io~csi");
+    assert_eq!(mounted_under(&claim_mounts), 1);
     node.restart_after_kill9();
     eventually(60, || node_ready(node));
     running(node, "durable");
@@ -491,7 +493,7 @@ fn check_kill9(node: &mut Node) {
     std::thread::sleep(std::time::Duration::from_secs(2));
     assert_eq!(get(node, "pod/durable", "{.status.containerStatuses[0].containerID}"), container);
     assert_eq!(get(node, "pod/durable", "{.status.containerStatuses[0].restartCount}"), "0");
-    assert_eq!(mounted_under(&pod_dir), 1, "the volume is neither unmounted nor mounted twice");
+    assert_eq!(mounted_under(&claim_mounts), 1, "the volume is neither unmounted nor mounted twice");
     exec(node, "durable", "echo after >> /data/f");
     assert_eq!(exec(node, "durable", "cat /data/f"), "before\nafter\n");
     node.ok(&["delete", "pod", "durable"]);

@@ -4,8 +4,9 @@
 //! deletion and event recorder seams).
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::{Value, json};
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use super::local_store::LocalStore;
 use super::objects::{self, Fetched, Wanted};
 use super::spec;
 use crate::events::{EventType, ObjectRef, Recorder};
+use crate::volumes::TokenKey;
 
 /// Why a write about a pod did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,22 @@ pub trait PodApi: Send + Sync + 'static {
     /// The CRI runtime handler of a RuntimeClass (kubelet's `LookupRuntimeHandler`); the error says why
     /// there is none.
     fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<String, String>>;
+    /// A token of the pod's service account, bound to the pod: the token and its expiry.
+    fn token<'a>(&'a self, pod: &'a Pod, key: &'a TokenKey) -> BoxFuture<'a, Result<IssuedToken, kube::Error>>;
+}
+
+/// A service account token as the API issued it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IssuedToken {
+    pub token: String,
+    /// Unix seconds.
+    pub issued: i64,
+    pub expires: i64,
+}
+
+/// The local store's entry of a pod's tokens.
+pub fn tokens_entry(pod: &Pod) -> String {
+    format!("tokens-{}", spec::uid(pod))
 }
 
 /// [`PodApi`] over the cluster's client, reporting events as `kubelet` from this node. With a
@@ -149,5 +167,48 @@ impl PodApi for ClientApi {
 
     fn event(&self, pod: &Pod, kind: EventType, reason: &str, message: String) {
         self.recorder.record(ObjectRef::of(pod), kind, reason, "", message);
+    }
+
+    /// A TokenRequest bound to the pod. With a local store, the tokens are kept (sealed) there too,
+    /// so a pod started while the server cannot be reached still has its last token.
+    fn token<'a>(&'a self, pod: &'a Pod, key: &'a TokenKey) -> BoxFuture<'a, Result<IssuedToken, kube::Error>> {
+        Box::pin(async move {
+            let account = pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or("default".into());
+            let mut spec = json!({
+                "expirationSeconds": key.expiration_seconds,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": spec::name(pod), "uid": spec::uid(pod)},
+            });
+            if !key.audience.is_empty() {
+                spec["audiences"] = json!([key.audience]);
+            }
+            let request: TokenRequest =
+                serde_json::from_value(json!({"spec": spec})).map_err(kube::Error::SerdeError)?;
+            let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), spec::namespace(pod));
+            let entry = tokens_entry(pod);
+            let id = format!("{}:{}", key.audience, key.expiration_seconds);
+            let issued = accounts.create_token_request(&account, &PostParams::default(), &request).await;
+            let local = self.local.as_ref();
+            match issued {
+                Ok(answer) => {
+                    let status = answer.status.unwrap_or_default();
+                    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+                    let expires = status.expiration_timestamp.map_or(now, |t| t.0.as_second());
+                    let token = IssuedToken { token: status.token.unwrap_or_default(), issued: now, expires };
+                    if let Some(local) = local {
+                        let mut kept: std::collections::BTreeMap<String, IssuedToken> =
+                            local.get(&entry).unwrap_or_default();
+                        kept.insert(id, token.clone());
+                        local.put(&entry, &kept);
+                    }
+                    Ok(token)
+                }
+                Err(e) if !matches!(e, kube::Error::Api(_)) => {
+                    let kept: Option<std::collections::BTreeMap<String, IssuedToken>> =
+                        local.and_then(|l| l.get(&entry));
+                    kept.and_then(|mut k| k.remove(&id)).ok_or(e)
+                }
+                Err(e) => Err(e),
+            }
+        })
     }
 }

@@ -77,6 +77,9 @@ pub enum SetupError {
     /// A device plugin could not give the container its devices.
     #[error("{0}")]
     Devices(String),
+    /// No service account token for a projected volume (upstream's message for the volume).
+    #[error("MountVolume.SetUp failed for volume \"{volume}\" : {why}")]
+    Token { volume: String, why: String },
 }
 
 /// Where this node keeps its pods, and what it knows of itself.
@@ -147,7 +150,7 @@ impl Host {
             cpu_milli: allocatable.milli_cpu,
             memory_bytes: allocatable.memory,
             ephemeral_storage_bytes: allocatable.ephemeral_storage,
-            service_account_token: None,
+            service_account_tokens: Default::default(),
         }
     }
 }
@@ -161,6 +164,8 @@ pub struct Ctx {
     /// Runs probe and hook commands.
     pub exec: Arc<dyn probes::Exec>,
     pub health: Arc<RuntimeHealth>,
+    /// The pods' service account tokens.
+    tokens: super::tokens::Tokens,
     backoff: Mutex<Backoff>,
     /// Containers whose liveness or startup probe failed, to be restarted by their worker.
     unhealthy: Mutex<HashMap<String, Kind>>,
@@ -182,6 +187,7 @@ impl Ctx {
             probes,
             exec,
             health,
+            tokens: Default::default(),
             backoff: Mutex::new(Backoff::default()),
             unhealthy: Mutex::new(HashMap::new()),
         }
@@ -231,7 +237,13 @@ impl Ctx {
         let objects = self.api.objects(pod, Wanted { volumes: true, containers: &[], pull_secrets: false }).await?;
         let dir = self.host.pod_dir(pod);
         std::fs::create_dir_all(&dir).map_err(|source| SetupError::Io { path: dir.clone(), source })?;
-        let mut vols = volumes::setup(pod, &dir, &objects, &self.host.node_resources())?;
+        let mut resources = self.host.node_resources();
+        resources.service_account_tokens = self
+            .tokens
+            .for_pod(self.api.as_ref(), pod)
+            .await
+            .map_err(|why| SetupError::Token { volume: volumes::token_volume_name(pod).unwrap_or_default(), why })?;
+        let mut vols = volumes::setup(pod, &dir, &objects, &resources)?;
         vols.0.extend(volumes::claims::publish(pod, &dir, &objects, &self.host.claims_node()).await?);
         Ok(vols)
     }
@@ -354,6 +366,7 @@ impl Ctx {
     /// Forgets a pod that is gone: its logs and backoff.
     pub fn forget(&self, pod: &Pod) {
         let _ = std::fs::remove_dir_all(self.log_dir(pod));
+        self.tokens.forget(spec::uid(pod));
         self.backoff().forget_prefix(&format!("{}/", spec::uid(pod)));
     }
 }

@@ -326,7 +326,12 @@ impl ContainerRuntime for FakeRuntime {
 pub enum Written {
     Status(Value),
     Deleted(String),
-    Event { reason: String, message: String },
+    Event {
+        reason: String,
+        message: String,
+    },
+    /// A token was requested for the pod of this UID.
+    Token(String),
 }
 
 /// A cluster that records what the worker writes; it refers to no ConfigMaps or Secrets.
@@ -396,5 +401,19 @@ impl PodApi for FakeApi {
     /// Every class runs under the handler of its name.
     fn runtime_handler<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move { Ok(class.to_string()) })
+    }
+
+    /// A token naming the pod and the request, valid for the time asked.
+    fn token<'a>(
+        &'a self,
+        pod: &'a Pod,
+        key: &'a crate::volumes::TokenKey,
+    ) -> BoxFuture<'a, Result<super::cluster::IssuedToken, kube::Error>> {
+        self.lock().push(Written::Token(spec::uid(pod).into()));
+        let issued = k8s_openapi::jiff::Timestamp::now().as_second();
+        let token = format!("token-of-{}-for-{}-{}", spec::uid(pod), key.audience, key.expiration_seconds);
+        Box::pin(
+            async move { Ok(super::cluster::IssuedToken { token, issued, expires: issued + key.expiration_seconds }) },
+        )
     }
 }

@@ -27,6 +27,7 @@ pub mod spec;
 pub mod static_pods;
 pub mod stats;
 pub mod status;
+pub mod tokens;
 pub mod worker;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

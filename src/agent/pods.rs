@@ -554,8 +554,10 @@ impl Pods {
             a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp).then(spec::uid(a).cmp(spec::uid(b)))
         });
         local.put(PODS_ENTRY, &pods);
-        let wanted: HashSet<String> = pods.iter().map(|p| super::cluster::objects_entry(p)).collect();
-        for name in local.names().into_iter().filter(|n| n.starts_with("objects-") && !wanted.contains(n)) {
+        let wanted: HashSet<String> =
+            pods.iter().flat_map(|p| [super::cluster::objects_entry(p), super::cluster::tokens_entry(p)]).collect();
+        let per_pod = |n: &String| n.starts_with("objects-") || n.starts_with("tokens-");
+        for name in local.names().into_iter().filter(|n| per_pod(n) && !wanted.contains(n)) {
             local.remove(&name);
         }
     }

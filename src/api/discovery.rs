@@ -13,9 +13,9 @@ pub struct Listed<'a> {
 }
 
 /// The registry's resources (every verb), then `served`.
-pub fn listed<'a>(resources: &'a [Resource], served: &'a [Listed<'a>]) -> Vec<Listed<'a>> {
+pub fn listed<'a>(resources: &'a [Resource], served: impl IntoIterator<Item = Listed<'a>>) -> Vec<Listed<'a>> {
     let stored = resources.iter().map(|r| Listed { info: r.info(), verbs: VERBS });
-    stored.chain(served.iter().copied()).collect()
+    stored.chain(served).collect()
 }
 
 /// The Content-Type of an aggregated discovery answer.
@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn core_resources_are_listed_with_subresources() {
         let all = kinds::all();
-        let list = resource_list(&listed(&all, &[]), "", "v1").unwrap();
+        let list = resource_list(&listed(&all, []), "", "v1").unwrap();
         let names: Vec<&str> =
             list["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
         for n in ["pods", "pods/status", "pods/binding", "nodes", "nodes/status", "namespaces/finalize", "events"] {
@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn groups_and_aggregated() {
         let all = kinds::all();
-        let all = listed(&all, &[]);
+        let all = listed(&all, []);
         let groups = api_group_list(&all);
         let names: Vec<&str> = groups["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
         assert_eq!(
@@ -222,8 +222,10 @@ mod tests {
                 "events.k8s.io",
                 "autoscaling",
                 "batch",
+                "certificates.k8s.io",
                 "networking.k8s.io",
                 "policy",
+                "rbac.authorization.k8s.io",
                 "storage.k8s.io",
                 "coordination.k8s.io",
                 "node.k8s.io",

@@ -83,6 +83,8 @@ struct Target {
     proxy_path: String,
     /// The node making the request, when a node makes it: the registry's NodeRestriction applies.
     node: Option<String>,
+    /// Who makes the request, for RBAC's escalation checks.
+    requester: Option<crate::registry::rbac::Requester>,
 }
 
 /// Parsed query string.
@@ -139,7 +141,12 @@ impl Query {
                 )));
             }
         };
-        Ok(WriteOptions { dry_run: self.dry_run()?, field_validation, node: t.node.clone() })
+        Ok(WriteOptions {
+            dry_run: self.dry_run()?,
+            field_validation,
+            node: t.node.clone(),
+            requester: t.requester.clone(),
+        })
     }
 
     fn selectors(&self) -> Result<(LabelSelector, FieldSelector)> {
@@ -207,7 +214,7 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
         }
     };
     let (namespace, name) = (namespace.map(str::to_string), name.map(str::to_string));
-    Ok(Target { resource, namespace, name, sub, watch, proxy_path, node: None })
+    Ok(Target { resource, namespace, name, sub, watch, proxy_path, node: None, requester: None })
 }
 
 /// Entry point for every resource path.
@@ -220,7 +227,14 @@ pub async fn dispatch(State(state): State<Arc<AppState>>, req: axum::extract::Re
 
 async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response> {
     let mut target = resolve(state, req.uri().path())?;
-    target.node = req.extensions().get::<super::User>().and_then(super::authz::node_of).map(str::to_string);
+    let user = req.extensions().get::<super::User>();
+    target.node = user.and_then(super::authz::node_of).map(str::to_string);
+    target.requester = user.map(|u| crate::registry::rbac::Requester {
+        name: u.name.clone(),
+        groups: u.groups.clone(),
+        uid: u.uid.clone(),
+        extra: u.extra.clone(),
+    });
     let query = Query::parse(req.uri())?;
     if let (Some(name), Some(sub @ (Subresource::Exec | Subresource::Attach | Subresource::PortForward))) =
         (target.name.as_deref(), target.sub)
@@ -243,7 +257,11 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
     match (&method, t.name.as_deref(), t.sub) {
         (&Method::GET, None, None) if t.watch || query.flag("watch") => watch(state, t, &query, &headers),
         (&Method::GET, None, None) => list(state, t, &query, &headers),
-        (&Method::GET, Some(name), None | Some(Subresource::Status | Subresource::EphemeralContainers)) => {
+        (
+            &Method::GET,
+            Some(name),
+            None | Some(Subresource::Status | Subresource::EphemeralContainers | Subresource::Approval),
+        ) => {
             let format = codec::negotiate(&headers, query.get("includeObject"))?;
             let obj = state.registry.get(&t.resource, t.namespace.as_deref(), name)?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, obj, &[]))
@@ -269,6 +287,17 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         }
         (&Method::POST, None, None) => create(state, t, &query, &headers, &body).await,
         (&Method::POST, Some(name), Some(Subresource::Binding)) => bind(state, t, name, &headers, &body).await,
+        (&Method::POST, Some(name), Some(Subresource::Token)) => {
+            let request = codec::parse_body(&headers, &body)?;
+            let issuer =
+                state.sa_tokens.get().ok_or_else(|| StatusError::internal("no service account key is loaded"))?;
+            let ns = t.namespace.as_deref().unwrap_or("default");
+            let (mut answer, grant) =
+                state.registry.token_request(ns, name, &request, issuer.policy(), t.node.as_deref())?;
+            let (token, expires) = issuer.issue(&grant)?;
+            answer["status"] = serde_json::json!({"token": token, "expirationTimestamp": expires.to_string()});
+            Ok(codec::json_value(StatusCode::CREATED, &answer))
+        }
         (&Method::POST, Some(name), Some(Subresource::Eviction)) => {
             let eviction = codec::parse_body(&headers, &body)?;
             state
@@ -280,7 +309,10 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         (
             &Method::PUT,
             Some(name),
-            None | Some(Subresource::Status | Subresource::Finalize | Subresource::EphemeralContainers),
+            None
+            | Some(
+                Subresource::Status | Subresource::Finalize | Subresource::EphemeralContainers | Subresource::Approval,
+            ),
         ) => {
             let format = codec::negotiate(&headers, None)?;
             let obj = codec::parse_body(&headers, &body)?;
@@ -288,9 +320,11 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
             let w = state.registry.update(&t.resource, t.namespace.as_deref(), name, obj, t.sub, &opts).await?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, w.object, &w.warnings))
         }
-        (&Method::PATCH, Some(name), None | Some(Subresource::Status | Subresource::EphemeralContainers)) => {
-            patch(state, t, name, &query, &headers, &body).await
-        }
+        (
+            &Method::PATCH,
+            Some(name),
+            None | Some(Subresource::Status | Subresource::EphemeralContainers | Subresource::Approval),
+        ) => patch(state, t, name, &query, &headers, &body).await,
         (&Method::DELETE, Some(name), None) => delete(state, t, name, &query, &headers, &body).await,
         (&Method::DELETE, None, None) => delete_collection(state, t, &query, &headers, &body).await,
         _ => Err(StatusError::method_not_allowed()),

@@ -15,6 +15,8 @@ mod node_proxy;
 pub mod openapi;
 pub mod pki;
 pub mod protobuf;
+mod reviews;
+pub mod sa_token;
 mod streams;
 
 use std::net::SocketAddr;
@@ -38,11 +40,22 @@ use tower::ServiceExt as _;
 
 use crate::registry::{Registry, StatusError};
 
-/// Who made a request, as established by the client certificate or a bearer token.
-#[derive(Debug, Clone)]
+/// Who made a request, as established by the client certificate or a bearer token (upstream's
+/// `user.Info`).
+#[derive(Debug, Clone, Default)]
 pub struct User {
     pub name: String,
     pub groups: Vec<String>,
+    /// A unique id, where the authenticator knows one (a service account's UID).
+    pub uid: String,
+    /// What else the authenticator knows, e.g. the pod a service account token is bound to.
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl User {
+    pub fn new(name: impl Into<String>, groups: Vec<String>) -> Self {
+        User { name: name.into(), groups, ..Default::default() }
+    }
 }
 
 /// The identity of a request made inside this process (see `crate::client`): only code here can attach
@@ -89,6 +102,10 @@ pub struct AppState {
     pub pki: OnceLock<Arc<pki::Pki>>,
     /// What joined nodes learn of the cluster.
     pub cluster: OnceLock<join::ClusterConfig>,
+    /// `--authorization-mode`.
+    pub authorization: authz::Modes,
+    /// Signs and checks service account tokens; set once the key is loaded.
+    pub sa_tokens: OnceLock<Arc<sa_token::ServiceAccountTokens>>,
     openapi: OnceLock<OpenApiDocs>,
 }
 
@@ -104,7 +121,7 @@ struct OpenApiDocs {
 impl AppState {
     /// Every resource discovery lists: the registry's, and metrics.k8s.io's.
     fn listed(&self) -> Vec<discovery::Listed<'_>> {
-        discovery::listed(self.registry.resources(), &metrics::LISTED)
+        discovery::listed(self.registry.resources(), metrics::LISTED.into_iter().chain(reviews::LISTED))
     }
 
     pub fn new(registry: Registry, tokens: Tokens, server_address: String) -> Self {
@@ -116,8 +133,15 @@ impl AppState {
             node_client: OnceLock::new(),
             pki: OnceLock::new(),
             cluster: OnceLock::new(),
+            authorization: authz::Modes::default(),
+            sa_tokens: OnceLock::new(),
             openapi: OnceLock::new(),
         }
+    }
+
+    /// The same state deciding requests with `modes`.
+    pub fn with_authorization(self, modes: authz::Modes) -> Self {
+        Self { authorization: modes, ..self }
     }
 
     /// OpenAPI documents, generated on first use (they are large and most clients never ask).
@@ -131,11 +155,23 @@ impl AppState {
                     Box::new(move |g: &mut schemars::SchemaGenerator| r.schema(g)) as SchemaFn
                 })
                 .collect();
-            let docs: Vec<openapi::ResourceDoc<'_>> = resources
+            let mut docs: Vec<openapi::ResourceDoc<'_>> = resources
                 .iter()
                 .zip(&schema_fns)
-                .map(|(r, s)| openapi::ResourceDoc { info: r.info(), merge_keys: r.merge_keys(), schema: s.as_ref() })
+                .map(|(r, s)| openapi::ResourceDoc {
+                    info: r.info(),
+                    merge_keys: r.merge_keys(),
+                    schema: s.as_ref(),
+                    create_only: false,
+                })
                 .collect();
+            let reviews = reviews::schemas();
+            docs.extend(reviews.iter().map(|(info, schema)| openapi::ResourceDoc {
+                info,
+                merge_keys: &[],
+                schema: schema.as_ref(),
+                create_only: true,
+            }));
             let encode = |v: &Value| Bytes::from(serde_json::to_vec(v).unwrap_or_default());
             let v3 = openapi::v3(&docs);
             OpenApiDocs {
@@ -190,12 +226,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apis/{group}/{version}", get(group_resources))
         .route("/metrics", get(metrics))
         .route("/cacerts", get(cacerts))
+        .route("/.well-known/openid-configuration", get(openid_configuration))
+        .route("/openid/v1/jwks", get(openid_jwks))
         .route("/v1-cairn/node-certificates", axum::routing::post(join::node_certificates))
         .route("/v1-cairn/config", get(join::cluster_config))
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(openapi_v3_index))
         .route("/openapi/v3/{*path}", get(openapi_v3_doc))
         .merge(metrics::routes())
+        .merge(reviews::routes())
         .fallback(handlers::dispatch)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
@@ -227,12 +266,14 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let user = match bearer {
-        Some(token) => match state.tokens.find(token) {
-            Some(u) => Some(u.clone()),
+        Some(token) => match authenticate_token(&state, token) {
+            Ok(u) => Some(u),
             // A wrong token is refused even on public paths, as upstream does.
-            None => {
+            Err(why) => {
                 if req.uri().path().starts_with("/v1-cairn/") {
                     tracing::warn!("refused a node joining with a token that is not this server's join token");
+                } else {
+                    tracing::debug!("refused a bearer token: {why}");
                 }
                 return StatusError::unauthorized().into_response();
             }
@@ -241,6 +282,10 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
     };
     match user {
         Some(u) => {
+            let u = match impersonate(&state, u, req.headers()) {
+                Ok(u) => u,
+                Err(e) => return e.into_response(),
+            };
             if let Err(e) = authorize(&state, &u, &req) {
                 return e.into_response();
             }
@@ -256,13 +301,74 @@ async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next
     }
 }
 
+/// The user of a bearer token: a static one (the join token, the node's own), else a service
+/// account token; why not, for the log.
+pub(super) fn authenticate_token(state: &AppState, token: &str) -> Result<User, String> {
+    if let Some(u) = state.tokens.find(token) {
+        return Ok(u.clone());
+    }
+    match state.sa_tokens.get() {
+        Some(issuer) if sa_token::looks_like_jwt(token) => {
+            issuer.authenticate(&state.registry, token).map_err(|e| e.to_string())
+        }
+        _ => Err("not a token this server knows".into()),
+    }
+}
+
+/// The user a request acts as: the one its `Impersonate-User` (and `Impersonate-Group`) headers
+/// name, when its own user may `impersonate` them (upstream's `WithImpersonation`: users, groups
+/// and service accounts are resources of the core group), else the user itself.
+fn impersonate(state: &AppState, user: User, headers: &HeaderMap) -> Result<User, StatusError> {
+    let values = |name: &str| -> Vec<String> {
+        headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).map(str::to_string).collect()
+    };
+    let (names, groups) = (values("impersonate-user"), values("impersonate-group"));
+    let Some(name) = names.first() else {
+        if groups.is_empty() {
+            return Ok(user);
+        }
+        return Err(StatusError::bad_request(format!(
+            "requested [{}] without impersonating a user",
+            groups.iter().map(|g| format!("{{Group {g}}}")).collect::<Vec<_>>().join(" ")
+        )));
+    };
+    let may = |resource: &str, namespace: &str, name: &str| {
+        let attrs = authz::Attributes {
+            verb: "impersonate".into(),
+            resource: Some(authz::request_info::ResourceAttributes {
+                resource: resource.into(),
+                namespace: namespace.into(),
+                name: name.into(),
+                ..Default::default()
+            }),
+            path: String::new(),
+        };
+        authz::authorize(&state.registry, &state.authorization, &user, &attrs)
+    };
+    let mut as_groups = groups.clone();
+    match name.strip_prefix("system:serviceaccount:").and_then(|rest| rest.split_once(':')) {
+        Some((ns, sa)) => {
+            may("serviceaccounts", ns, sa)?;
+            if groups.is_empty() {
+                as_groups = vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{ns}")];
+            }
+        }
+        None => may("users", "", name)?,
+    }
+    for group in &groups {
+        may("groups", "", group)?;
+    }
+    tracing::debug!(user = %user.name, "acting as {name}");
+    Ok(User::new(name.clone(), as_groups))
+}
+
 /// Authorizes an authenticated request (see [`authz`]).
 fn authorize(state: &AppState, user: &User, req: &Request) -> Result<(), StatusError> {
     if user.groups.iter().any(|g| g == authz::MASTERS_GROUP) {
         return Ok(());
     }
     let attrs = authz::Attributes::of(req.method(), req.uri().path(), req.uri().query());
-    authz::authorize(&state.registry, user, &attrs)
+    authz::authorize(&state.registry, &state.authorization, user, &attrs)
 }
 
 async fn health() -> &'static str {
@@ -274,6 +380,30 @@ async fn cacerts(State(state): State<Arc<AppState>>) -> Response {
     match state.pki.get() {
         Some(pki) => ([(header::CONTENT_TYPE, "text/plain")], pki.ca_pem().to_string()).into_response(),
         None => StatusError::service_unavailable("the server's CA is not loaded yet").into_response(),
+    }
+}
+
+/// The service account issuer's OIDC discovery document (for whom RBAC lets read it:
+/// `system:service-account-issuer-discovery` binds every service account).
+async fn openid_configuration(State(state): State<Arc<AppState>>) -> Response {
+    match state.sa_tokens.get() {
+        Some(issuer) => {
+            let jwks_uri = format!("https://{}/openid/v1/jwks", state.server_address);
+            ([(header::CACHE_CONTROL, "public, max-age=3600")], axum::Json(issuer.discovery(&jwks_uri))).into_response()
+        }
+        None => StatusError::service_unavailable("the service account issuer is not set up yet").into_response(),
+    }
+}
+
+/// The public key that verifies service account tokens, as a JSON Web Key Set.
+async fn openid_jwks(State(state): State<Arc<AppState>>) -> Response {
+    match state.sa_tokens.get() {
+        Some(issuer) => (
+            [(header::CONTENT_TYPE, "application/jwk-set+json"), (header::CACHE_CONTROL, "public, max-age=3600")],
+            issuer.jwks().to_string(),
+        )
+            .into_response(),
+        None => StatusError::service_unavailable("the service account issuer is not set up yet").into_response(),
     }
 }
 
@@ -425,7 +555,7 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: R
                 }
             };
             let identity = tls.get_ref().1.peer_certificates().and_then(pki::client_identity);
-            let peer_cert = PeerCert(identity.map(|(name, groups)| User { name, groups }));
+            let peer_cert = PeerCert(identity.map(|(name, groups)| User::new(name, groups)));
             let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(peer_cert.clone());
                 req.extensions_mut().insert(axum::extract::ConnectInfo(peer));

@@ -99,8 +99,7 @@ impl NodeClient {
     /// An in-memory connection to this process's node endpoint, as the API server's identity.
     fn open_local(&self, router: &axum::Router) -> NodeStream {
         let (client, server) = tokio::io::duplex(LOCAL_BUFFER);
-        let (router, caller) =
-            (router.clone(), PeerCert(Some(User { name: KUBELET_CLIENT_USER.into(), groups: vec![] })));
+        let (router, caller) = (router.clone(), PeerCert(Some(User::new(KUBELET_CLIENT_USER, vec![]))));
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(caller.clone());

@@ -30,6 +30,8 @@ pub struct ResourceDoc<'a> {
     pub merge_keys: &'a [MergeKey],
     /// Registers the kind's schema, e.g. `|g| g.subschema_for::<Pod>()`.
     pub schema: &'a dyn Fn(&mut SchemaGenerator) -> schemars::Schema,
+    /// Only posted, answered at once and stored nowhere (the review kinds).
+    pub create_only: bool,
 }
 
 /// The `/openapi/v3` discovery index and the documents it points to.
@@ -47,7 +49,7 @@ pub fn v2(resources: &[ResourceDoc<'_>]) -> Value {
     let schemas = Schemas::generate(resources, spec);
     let mut paths = Map::new();
     for (doc, kind) in resources.iter().zip(&schemas.kinds) {
-        resource_paths(&mut paths, spec, doc.info, kind);
+        resource_paths(&mut paths, spec, doc, kind);
     }
     let roots = Schemas::roots(schemas.kinds.iter());
     json!({
@@ -66,16 +68,16 @@ pub fn v2(resources: &[ResourceDoc<'_>]) -> Value {
 pub fn v3(resources: &[ResourceDoc<'_>]) -> V3 {
     let spec = Spec::V3;
     let schemas = Schemas::generate(resources, spec);
-    let mut by_gv: BTreeMap<String, Vec<(&ResourceInfo, &String)>> = BTreeMap::new();
+    let mut by_gv: BTreeMap<String, Vec<(&ResourceDoc<'_>, &String)>> = BTreeMap::new();
     for (doc, kind) in resources.iter().zip(&schemas.kinds) {
-        by_gv.entry(group_version_path(doc.info)).or_default().push((doc.info, kind));
+        by_gv.entry(group_version_path(doc.info)).or_default().push((doc, kind));
     }
     let mut index = Map::new();
     let mut documents = Vec::new();
     for (gv, members) in by_gv {
         let mut paths = Map::new();
-        for (info, kind) in &members {
-            resource_paths(&mut paths, spec, info, kind);
+        for (doc, kind) in &members {
+            resource_paths(&mut paths, spec, doc, kind);
         }
         let roots = Schemas::roots(members.iter().map(|(_, kind)| *kind));
         let document = json!({
@@ -191,7 +193,9 @@ impl Schemas {
                 schemas.annotate_merge_list(kind, key);
             }
             schemas.add_gvk(kind, doc.info.group, doc.info.version, doc.info.kind);
-            schemas.add_list(kind, doc.info);
+            if !doc.create_only {
+                schemas.add_list(kind, doc.info);
+            }
         }
         let mut group_versions: Vec<(&str, &str)> = resources.iter().map(|d| (d.info.group, d.info.version)).collect();
         group_versions.push(("", "v1"));
@@ -517,7 +521,8 @@ struct Scope {
 }
 
 /// Adds the paths of one resource, laid out as kube-apiserver does.
-fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInfo, kind: &str) {
+fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, doc: &ResourceDoc<'_>, kind: &str) {
+    let info = doc.info;
     let root = format!("/{}", group_version_path(info));
     let id = OperationIds::new(info);
     let list = format!("{kind}List");
@@ -556,6 +561,10 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
         .query(WRITE)
         .body(kind, &["*/*"])
         .responds(&["200", "201", "202"], kind);
+    if doc.create_only {
+        add(format!("{scope}{}", info.plural), collection, vec![create]);
+        return;
+    }
     let delete_collection = Operation::new("delete", "deletecollection", id.collection("delete"), info.kind)
         .query(DELETE_COLLECTION)
         .body(DELETE_OPTIONS, &["*/*"])
@@ -571,7 +580,7 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
     for sub in info.subresources {
         let suffix = capitalize(sub.name());
         let operations = match sub {
-            Subresource::Status | Subresource::EphemeralContainers => {
+            Subresource::Status | Subresource::EphemeralContainers | Subresource::Approval => {
                 vec![read(&suffix), replace(&suffix), patch(&suffix)]
             }
             Subresource::Binding => vec![
@@ -598,7 +607,8 @@ fn resource_paths(paths: &mut Map<String, Value>, spec: Spec, info: &ResourceInf
             | Subresource::Attach
             | Subresource::PortForward
             | Subresource::Proxy
-            | Subresource::Eviction => continue,
+            | Subresource::Eviction
+            | Subresource::Token => continue,
         };
         add(format!("{scope}{}/{{name}}/{}", info.plural, sub.name()), object, operations);
     }
@@ -841,7 +851,7 @@ mod tests {
         merge_keys: &'a [MergeKey],
         schema: &'a dyn Fn(&mut SchemaGenerator) -> schemars::Schema,
     ) -> ResourceDoc<'a> {
-        ResourceDoc { info, merge_keys, schema }
+        ResourceDoc { info, merge_keys, schema, create_only: false }
     }
 
     fn with_docs<T>(f: impl FnOnce(&[ResourceDoc<'_>]) -> T) -> T {
@@ -968,7 +978,7 @@ mod tests {
     #[test]
     fn unknown_merge_paths_are_skipped() {
         let pod = |g: &mut SchemaGenerator| g.subschema_for::<Pod>();
-        let docs = [ResourceDoc { info: &POD, merge_keys: &[], schema: &pod }];
+        let docs = [ResourceDoc { info: &POD, merge_keys: &[], schema: &pod, create_only: false }];
         let mut schemas = Schemas::generate(&docs, Spec::V3);
         let kind = schemas.kinds[0].clone();
         for key in POD_KEYS.iter().chain(METADATA_MERGE_KEYS) {

@@ -355,6 +355,23 @@ impl Pki {
         ))
     }
 
+    /// Signs a client certificate request as kube-controller-manager's `kube-apiserver-client`
+    /// signer does: the request's own subject (rcgen keeps one value per attribute), client
+    /// authentication, valid for `validity` but at most a year. The error says why it cannot be.
+    pub fn sign_client_request(&self, request_pem: &str, validity: std::time::Duration) -> Result<String, String> {
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(request_pem)
+            .map_err(|e| format!("unable to parse the certificate request: {e}"))?;
+        let validity = time::Duration::try_from(validity).unwrap_or(LEAF_VALIDITY).min(LEAF_VALIDITY);
+        let mut params = leaf_params(validity);
+        params.distinguished_name = csr.params.distinguished_name.clone();
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params
+            .signed_by(&csr.public_key, &self.ca.issuer)
+            .map(|c| c.pem())
+            .map_err(|e| format!("signing the certificate: {e}"))
+    }
+
     /// The CA certificate, PEM-encoded.
     pub fn ca_pem(&self) -> &str {
         &self.ca.cert_pem
@@ -576,19 +593,25 @@ pub fn client_identity(certs: &[CertificateDer<'_>]) -> Option<(String, Vec<Stri
 /// credential is written. Parent directories are created as needed.
 pub fn write_kubeconfig(path: &Path, mode: u32, server_url: &str, pki: &Pki) -> Result<()> {
     let (cert_pem, key_pem) = pki.admin_pem();
-    let config = serde_json::json!({
+    let config = kubeconfig(server_url, pki.ca_pem(), &cert_pem, &key_pem);
+    let yaml = serde_yaml::to_string(&config).map_err(|cause| Error::Kubeconfig { path: path.to_path_buf(), cause })?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(io_error("creating directory", parent))?;
+    }
+    write_atomic(path, mode, yaml.as_bytes())?;
+    info!("wrote admin kubeconfig {}", path.display());
+    Ok(())
+}
+
+/// A kubeconfig (cluster, user and context all named `default`) for a client certificate.
+fn kubeconfig(server_url: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> serde_json::Value {
+    serde_json::json!({
         "apiVersion": "v1",
         "clusters": [{
-            "cluster": {
-                "certificate-authority-data": BASE64.encode(pki.ca_pem()),
-                "server": server_url,
-            },
+            "cluster": {"certificate-authority-data": BASE64.encode(ca_pem), "server": server_url},
             "name": "default",
         }],
-        "contexts": [{
-            "context": {"cluster": "default", "user": "default"},
-            "name": "default",
-        }],
+        "contexts": [{"context": {"cluster": "default", "user": "default"}, "name": "default"}],
         "current-context": "default",
         "kind": "Config",
         "preferences": {},
@@ -599,14 +622,31 @@ pub fn write_kubeconfig(path: &Path, mode: u32, server_url: &str, pki: &Pki) -> 
                 "client-key-data": BASE64.encode(key_pem),
             },
         }],
-    });
-    let yaml = serde_yaml::to_string(&config).map_err(|cause| Error::Kubeconfig { path: path.to_path_buf(), cause })?;
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::create_dir_all(parent).map_err(io_error("creating directory", parent))?;
+    })
+}
+
+/// A kubeconfig for `user` (in `group`, when given) with a new key and a client certificate
+/// from the cluster CA in `dir`, valid for a year; neither is kept on the server.
+pub fn user_kubeconfig(dir: &Path, server_url: &str, user: &str, group: Option<&str>) -> Result<String> {
+    let cert_path = dir.join(CA_CERT);
+    if !cert_path.exists() || !dir.join(CA_KEY).exists() {
+        return Err(Error::Unusable {
+            path: cert_path,
+            reason: "there is no cluster CA here: give the server's --data-dir, and run this as its user".into(),
+        });
     }
-    write_atomic(path, mode, yaml.as_bytes())?;
-    info!("wrote admin kubeconfig {}", path.display());
-    Ok(())
+    let (ca, _) = load_or_create_ca(dir)?;
+    let key = KeyPair::generate().map_err(|cause| Error::Generate { what: "a key", path: cert_path.clone(), cause })?;
+    let mut params = leaf_params(LEAF_VALIDITY);
+    params.distinguished_name = dn(user, group);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &ca.issuer).map_err(|cause| Error::Generate {
+        what: "the client certificate",
+        path: cert_path.clone(),
+        cause,
+    })?;
+    let config = kubeconfig(server_url, &ca.cert_pem, &cert.pem(), &key.serialize_pem());
+    serde_yaml::to_string(&config).map_err(|cause| Error::Kubeconfig { path: cert_path, cause })
 }
 
 /// The SANs the serving certificate must carry, deduplicated.

@@ -22,23 +22,23 @@ use crate::api::{InProcess, User};
 
 /// The identity of the in-process control loops (kube-controller-manager's user name upstream).
 pub fn controller_manager() -> User {
-    User { name: "system:kube-controller-manager".into(), groups: vec!["system:masters".into()] }
+    User::new("system:kube-controller-manager", vec!["system:masters".into()])
 }
 
 /// The scheduler's identity (kube-scheduler's upstream).
 pub fn scheduler() -> User {
-    User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into()] }
+    User::new("system:kube-scheduler", vec!["system:masters".into()])
 }
 
 /// The identity of a node's controllers: the service proxy, the cluster DNS, the routes to other
 /// nodes' pods, the CSI provisioner and attacher (`system:cairn-controller`, as a joined node's).
 pub fn node_controller() -> User {
-    User { name: crate::api::authz::CONTROLLER_USER.into(), groups: vec!["system:masters".into()] }
+    User::new(crate::api::authz::CONTROLLER_USER, vec!["system:masters".into()])
 }
 
 /// The node agent's identity (a kubelet's upstream: `system:node:<name>` in `system:nodes`).
 pub fn node(name: &str) -> User {
-    User { name: format!("system:node:{name}"), groups: vec!["system:nodes".into(), "system:masters".into()] }
+    User::new(format!("system:node:{name}"), vec!["system:nodes".into(), "system:masters".into()])
 }
 
 /// A client whose requests are served by this process's API router (`api::router`, the one the

@@ -1,8 +1,9 @@
 //! The control loops of kube-controller-manager: namespace lifecycle,
-//! default service accounts, garbage collection by owner, event expiry, and storage (the volume
+//! default service accounts and the `kube-root-ca.crt` ConfigMaps, garbage collection by owner, event expiry, and storage (the volume
 //! binder, in-use protection of claims and volumes, generic ephemeral volumes, attach/detach), and
 //! Services' Endpoints, EndpointSlices and the slices mirrored from hand-made Endpoints, and node
-//! lifecycle (heartbeats, condition taints, taint-based eviction, pod ranges).
+//! lifecycle (heartbeats, condition taints, taint-based eviction, pod ranges), ClusterRole
+//! aggregation, and the signer of client certificate requests.
 //!
 //! Each is a [`runtime::Reconciler`] over typed objects, run by [`runtime::run`] on the in-process
 //! client (`crate::client`); none reaches into another. Event expiry is a periodic sweep instead (see
@@ -11,7 +12,9 @@
 //! graph over every kind instead (upstream's is too), fed by kube-runtime watchers of metadata.
 
 mod attachdetach;
+mod clusterroleaggregation;
 mod cronjob;
+pub mod csrsigning;
 mod daemonset;
 mod deployment;
 mod disruption;
@@ -33,6 +36,7 @@ pub mod persistentvolume;
 mod pods;
 pub mod protection;
 mod replicaset;
+mod rootcacert;
 pub mod runtime;
 mod serviceaccount;
 mod servicelb;
@@ -51,7 +55,7 @@ pub use ephemeral::is_for_pod as ephemeral_is_for_pod;
 use tokio_util::sync::CancellationToken;
 
 /// What the controllers are run with.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Options {
     /// Whether the built-in load balancer is one of them (`--disable=servicelb`).
     pub servicelb: bool,
@@ -61,6 +65,10 @@ pub struct Options {
     pub cluster_cidr: Option<crate::net::Cidr>,
     /// Pod ranges in use that no Node names yet (the in-process agent's).
     pub reserved_pod_ranges: Vec<crate::net::Cidr>,
+    /// The cluster CA (PEM), published in every namespace as `kube-root-ca.crt`.
+    pub root_ca: String,
+    /// Signs client certificates with the cluster CA (the `kube-apiserver-client` signer).
+    pub sign_client: std::sync::Arc<csrsigning::Sign>,
 }
 
 /// Starts every controller; they stop when `shutdown` fires.
@@ -73,6 +81,22 @@ pub fn spawn_all(client: &Client, options: &Options, shutdown: &CancellationToke
     tokio::spawn(runtime::run(
         serviceaccount::controller(client),
         serviceaccount::ServiceAccounts { client: client.clone() },
+        shutdown.clone(),
+    ));
+    tokio::spawn(runtime::run(
+        rootcacert::controller(client),
+        rootcacert::RootCaPublisher { client: client.clone(), ca: options.root_ca.clone() },
+        shutdown.clone(),
+    ));
+    tokio::spawn(runtime::run(
+        csrsigning::controller(client),
+        csrsigning::Signer { client: client.clone(), sign: options.sign_client.clone() },
+        shutdown.clone(),
+    ));
+    let (aggregation, roles) = clusterroleaggregation::controller(client);
+    tokio::spawn(runtime::run(
+        aggregation,
+        clusterroleaggregation::Aggregation { client: client.clone(), roles },
         shutdown.clone(),
     ));
     persistentvolume::spawn(client, shutdown);

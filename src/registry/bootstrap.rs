@@ -1,5 +1,6 @@
 //! What the API server itself makes at start, as kube-apiserver's system-namespaces controller does.
 
+use serde::Deserialize as _;
 use serde_json::json;
 
 use super::{Registry, StatusError, WriteOptions};
@@ -187,5 +188,96 @@ async fn upsert(
     }
     registry.update(r, ns.as_deref(), &name, body, None, &WriteOptions::default()).await?;
     tracing::info!("updated {} {name}", r.info().kind);
+    Ok(())
+}
+
+/// kube-apiserver's bootstrap ClusterRoles and ClusterRoleBindings (`bootstrappolicy`), the ones
+/// cairn needs.
+const RBAC_POLICY: &str = include_str!("bootstrap-rbac.yaml");
+/// The annotation that lets a user keep a bootstrap role or binding as they changed it.
+const AUTOUPDATE: &str = "rbac.authorization.kubernetes.io/autoupdate";
+
+/// Creates the bootstrap roles and bindings, or brings them up to date as upstream's RBAC
+/// reconciliation does: missing rules, aggregation selectors, subjects, labels and annotations are
+/// added, what a user added stays, and one annotated `rbac.authorization.kubernetes.io/autoupdate:
+/// "false"` is left alone. A binding whose roleRef changed is re-created.
+pub async fn rbac_policy(registry: &Registry) -> Result<(), StatusError> {
+    for doc in serde_yaml::Deserializer::from_str(RBAC_POLICY) {
+        let wanted = serde_json::Value::deserialize(doc)
+            .map_err(|e| StatusError::internal(format!("the built-in RBAC policy does not parse: {e}")))?;
+        let plural = match wanted["kind"].as_str() {
+            Some("ClusterRole") => "clusterroles",
+            Some("ClusterRoleBinding") => "clusterrolebindings",
+            other => return Err(StatusError::internal(format!("unexpected {other:?} in the built-in RBAC policy"))),
+        };
+        let r = registry
+            .find(super::kinds::rbac::GROUP, "v1", plural)
+            .ok_or_else(|| StatusError::internal(format!("{plural} are not served")))?;
+        reconcile_rbac(registry, &r, wanted).await?;
+    }
+    Ok(())
+}
+
+async fn reconcile_rbac(
+    registry: &Registry,
+    r: &super::Resource,
+    wanted: serde_json::Value,
+) -> Result<(), StatusError> {
+    let name = wanted["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let opts = WriteOptions::default();
+    match registry.create(r, None, wanted.clone(), &opts).await {
+        Ok(_) => return Ok(()),
+        Err(e) if e.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    let current = registry.get_value(r, None, &name)?;
+    if current["metadata"]["annotations"][AUTOUPDATE] == "false" {
+        return Ok(());
+    }
+    if wanted.get("roleRef").is_some() && current["roleRef"] != wanted["roleRef"] {
+        registry.delete(r, None, &name, &Default::default()).await?;
+        registry.create(r, None, wanted, &opts).await?;
+        tracing::info!("re-created {} {name}: its roleRef was not the built-in one", r.info().kind);
+        return Ok(());
+    }
+    let mut body = current.clone();
+    for map in ["labels", "annotations"] {
+        for (k, v) in wanted["metadata"][map].as_object().into_iter().flatten() {
+            if body["metadata"][map].get(k).is_none() {
+                body["metadata"][map][k] = v.clone();
+            }
+        }
+    }
+    let union = |body: &mut serde_json::Value, path: &[&str]| {
+        let mut want = &wanted;
+        for p in path {
+            want = &want[*p];
+        }
+        let Some(items) = want.as_array() else { return };
+        let mut have = &mut *body;
+        for p in path {
+            have = &mut have[*p];
+        }
+        if !have.is_array() {
+            *have = json!([]);
+        }
+        if let Some(list) = have.as_array_mut() {
+            for item in items {
+                if !list.contains(item) {
+                    list.push(item.clone());
+                }
+            }
+        }
+    };
+    if wanted.get("aggregationRule").is_some() {
+        union(&mut body, &["aggregationRule", "clusterRoleSelectors"]);
+    } else if wanted.get("rules").is_some() {
+        union(&mut body, &["rules"]);
+    }
+    union(&mut body, &["subjects"]);
+    if body != current {
+        registry.update(r, None, &name, body, None, &opts).await?;
+        tracing::info!("brought the built-in {} {name} up to date", r.info().kind);
+    }
     Ok(())
 }

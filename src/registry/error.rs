@@ -99,7 +99,8 @@ impl StatusError {
         )
     }
 
-    /// 422 with one cause per field error: `Pod "x" is invalid: [a: ..., b: ...]`.
+    /// 422 with one cause per field error: `Pod "x" is invalid: [a: ..., b: ...]`,
+    /// `Deployment.apps "x" is invalid: ...` for a kind of a named group.
     pub fn invalid(kind: &str, group: &str, name: &str, errs: &[FieldError]) -> Self {
         let rendered: Vec<String> = errs.iter().map(ToString::to_string).collect();
         let summary = match rendered.as_slice() {
@@ -126,7 +127,11 @@ impl StatusError {
                 causes,
                 ..Default::default()
             })),
-            ..Self::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {summary}"))
+            // Upstream's `GroupKind.String()`: `Deployment.apps`, plain `Pod` for the core group.
+            ..Self::new(422, "Invalid", {
+                let qualified = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
+                format!("{qualified} \"{name}\" is invalid: {summary}")
+            })
         }
     }
 

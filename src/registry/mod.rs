@@ -7,16 +7,21 @@
 
 mod admission;
 pub mod bootstrap;
+mod certificates;
 pub mod error;
 mod eviction;
 pub mod kinds;
 mod noderestriction;
 pub mod patch;
+pub mod pod_security;
+pub mod rbac;
 mod scale;
 pub mod selector;
+pub mod service_account_admission;
 mod services;
 pub mod strategy;
 pub mod subresource;
+pub mod token_request;
 pub mod validation;
 mod watch;
 
@@ -53,6 +58,8 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     /// The node making the write, when a node makes it: NodeRestriction applies.
     pub node: Option<String>,
+    /// Who makes the write (for RBAC's escalation checks); `None` inside the server.
+    pub requester: Option<rbac::Requester>,
 }
 
 /// The outcome of a write: the object as stored and any warnings for the client.
@@ -112,6 +119,7 @@ pub struct Registry {
     store: Store,
     resources: Arc<Vec<Resource>>,
     ranges: Arc<ServiceRanges>,
+    rbac: Arc<rbac::RuleResolver>,
 }
 
 const GENERATE_NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -119,7 +127,12 @@ const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 
 impl Registry {
     pub fn new(store: Store) -> Self {
-        Self { store, resources: Arc::new(kinds::all()), ranges: Arc::new(ServiceRanges::default()) }
+        Self {
+            store,
+            resources: Arc::new(kinds::all()),
+            ranges: Arc::new(ServiceRanges::default()),
+            rbac: Default::default(),
+        }
     }
 
     /// The same registry allocating Services' cluster IPs and node ports from `ranges`.
@@ -129,6 +142,11 @@ impl Registry {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The RBAC rules `user` holds in `namespace` (and cluster-wide).
+    pub fn rbac_rules(&self, user: rbac::UserInfo<'_>, namespace: Option<&str>) -> Vec<rbac::Rules> {
+        self.rbac.rules_for(&self.store, user, namespace)
     }
 
     /// Every served resource, in discovery order.
@@ -334,8 +352,19 @@ impl Registry {
             };
         reset_server_meta(meta, r.generation());
         self.admit_create_with_others(r, &mut obj)?;
+        if info.group.is_empty() && info.plural == "pods" {
+            self.check_namespace_open(
+                r,
+                &ns,
+                strategy::str_at(&obj, &["metadata", "name"]).as_deref().unwrap_or_default(),
+            )?;
+            self.admit_service_account(&mut obj).await?;
+        }
+        if info.group == kinds::certificates::GROUP {
+            self.admit_csr_create(&mut obj, opts.requester.as_ref())?;
+        }
         let admitted = r.admit_create(obj)?;
-        let warnings = Self::unknown_fields(&admitted, opts)?;
+        let mut warnings = Self::unknown_fields(&admitted, opts)?;
         let obj = admitted.object;
         let name = strategy::str_at(&obj, &["metadata", "name"]).unwrap_or_default();
         let mut errs = validate_meta(r, &obj, true);
@@ -346,10 +375,14 @@ impl Registry {
         if let Some(node) = &opts.node {
             self.restrict_node(node, r, None, noderestriction::Write::Create(&obj))?;
         }
+        if let Some(who) = &opts.requester {
+            self.confirm_no_escalation(r, &obj, who)?;
+        }
         if info.namespaced {
             self.check_namespace_open(r, &ns, &name)?;
         }
         let mut obj = obj;
+        warnings.extend(self.admit_pod_security(r, &obj, None, None)?);
         let key = Self::key(r, info.namespaced.then_some(ns.as_str()), &name);
         let reserved = if is_service(r) {
             if self.store.get(&key).is_some() {
@@ -507,14 +540,24 @@ impl Registry {
             if !errs.is_empty() {
                 return Err(StatusError::invalid(info.kind, info.group, name, &errs));
             }
-            if subresource.is_none() {
-                self.admit_update_with_others(r, &new, &old)?;
+            match subresource {
+                None => self.admit_update_with_others(r, &new, &old)?,
+                Some(Subresource::Approval) => self.admit_csr_approval(&new, opts.requester.as_ref())?,
+                Some(_) => {}
             }
             if let Some(node) = &opts.node {
                 self.restrict_node(node, r, subresource, noderestriction::Write::Update { old: &old, new: &new })?;
             }
             if new == old {
                 return Ok(Written { object: Self::present(r, &cur)?, warnings, created: false });
+            }
+            warnings.extend(self.admit_pod_security(r, &new, Some(&old), subresource)?);
+            if let Some(who) = opts
+                .requester
+                .as_ref()
+                .filter(|_| new.get("rules") != old.get("rules") || new.get("subjects") != old.get("subjects"))
+            {
+                self.confirm_no_escalation(r, &new, who)?;
             }
             let service = is_service(r) && subresource.is_none();
             let reserved =
@@ -995,6 +1038,15 @@ fn decode_continue(token: &str, prefix: &str) -> Result<String> {
         return Err(bad());
     }
     Ok(format!("{prefix}{start}"))
+}
+
+/// A registry on a store in a fresh temporary directory.
+#[cfg(test)]
+pub fn store_for_tests() -> (tempfile::TempDir, Registry) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = store::Options { cache_bytes: 1 << 20, history: 1000, ..Default::default() };
+    let store = Store::open(dir.path(), options).expect("store");
+    (dir, Registry::new(store))
 }
 
 #[cfg(test)]

@@ -32,10 +32,16 @@ pub enum Subresource {
     /// `eviction`: a `policy/v1` Eviction posted to delete a pod within its disruption budget
     /// (see `eviction.rs`).
     Eviction,
+    /// `token`: an `authentication.k8s.io/v1` TokenRequest posted for a service account's token
+    /// (see `token_request.rs`).
+    Token,
+    /// `approval`: read, replace and patch of a CertificateSigningRequest where only its Approved
+    /// and Denied conditions change.
+    Approval,
 }
 
 impl Subresource {
-    const ALL: [Subresource; 11] = [
+    const ALL: [Subresource; 13] = [
         Subresource::Status,
         Subresource::Binding,
         Subresource::Finalize,
@@ -47,6 +53,8 @@ impl Subresource {
         Subresource::Proxy,
         Subresource::Scale,
         Subresource::Eviction,
+        Subresource::Token,
+        Subresource::Approval,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +70,8 @@ impl Subresource {
             Subresource::Proxy => "proxy",
             Subresource::Scale => "scale",
             Subresource::Eviction => "eviction",
+            Subresource::Token => "token",
+            Subresource::Approval => "approval",
         }
     }
 
@@ -72,8 +82,10 @@ impl Subresource {
     /// The verbs discovery lists for it.
     pub fn verbs(self) -> &'static [&'static str] {
         match self {
-            Subresource::Status | Subresource::EphemeralContainers | Subresource::Scale => &["get", "patch", "update"],
-            Subresource::Binding | Subresource::Eviction => &["create"],
+            Subresource::Status | Subresource::EphemeralContainers | Subresource::Scale | Subresource::Approval => {
+                &["get", "patch", "update"]
+            }
+            Subresource::Binding | Subresource::Eviction | Subresource::Token => &["create"],
             Subresource::Finalize => &["update"],
             Subresource::Log => &["get"],
             Subresource::Proxy => &["create", "delete", "get", "patch", "update"],
@@ -89,10 +101,11 @@ impl Subresource {
             Subresource::Proxy => ("", "v1", "NodeProxyOptions"),
             Subresource::Scale => ("autoscaling", "v1", "Scale"),
             Subresource::Eviction => ("policy", "v1", "Eviction"),
+            Subresource::Token => ("authentication.k8s.io", "v1", "TokenRequest"),
             Subresource::Exec => ("", "v1", "PodExecOptions"),
             Subresource::Attach => ("", "v1", "PodAttachOptions"),
             Subresource::PortForward => ("", "v1", "PodPortForwardOptions"),
-            Subresource::Status | Subresource::Finalize | Subresource::EphemeralContainers => {
+            Subresource::Status | Subresource::Finalize | Subresource::EphemeralContainers | Subresource::Approval => {
                 (info.group, info.version, info.kind)
             }
         }
@@ -102,7 +115,7 @@ impl Subresource {
     /// `ephemeralcontainers` by the kind's own rule); otherwise [`Self::updated`] alone decides what
     /// changes.
     pub fn uses_update_strategy(self) -> bool {
-        matches!(self, Subresource::Status | Subresource::EphemeralContainers)
+        matches!(self, Subresource::Status | Subresource::EphemeralContainers | Subresource::Approval)
     }
 
     /// The object an update through a subresource that does not use the update strategy writes:
@@ -130,7 +143,9 @@ impl Subresource {
             | Subresource::EphemeralContainers
             | Subresource::Proxy
             | Subresource::Scale
-            | Subresource::Eviction => new,
+            | Subresource::Eviction
+            | Subresource::Token
+            | Subresource::Approval => new,
         }
     }
 }

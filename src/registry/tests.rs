@@ -7,6 +7,7 @@ async fn registry() -> (tempfile::TempDir, Registry) {
         .expect("store");
     let reg = Registry::new(store);
     crate::registry::bootstrap::system_namespaces(&reg).await.expect("bootstrap");
+    crate::registry::service_account_admission::default_accounts(&reg).await;
     (dir, reg)
 }
 

@@ -43,6 +43,7 @@ async fn setup() -> (tempfile::TempDir, Registry, CancellationToken) {
     let dir = tempfile::tempdir().unwrap();
     let registry = Registry::new(Store::open(dir.path(), Options::default()).unwrap());
     crate::registry::bootstrap::system_namespaces(&registry).await.unwrap();
+    crate::registry::service_account_admission::default_accounts(&registry).await;
     let shutdown = CancellationToken::new();
     let client = crate::client::on_registry(&registry);
     let handle = Handle::start(client.clone(), &shutdown);

@@ -98,6 +98,8 @@ struct WriteRequest {
 struct State {
     objects: BTreeMap<String, Arc<Object>>,
     revision: u64,
+    /// The revision of the latest write under each key's first segment (its resource), since start.
+    last_writes: std::collections::HashMap<String, u64>,
 }
 
 struct Inner {
@@ -190,6 +192,12 @@ impl Store {
     /// The newest committed revision.
     pub fn revision(&self) -> u64 {
         self.read().revision
+    }
+
+    /// The revision of the latest write to a key starting with `resource/` since the store was
+    /// opened (0 if none): a cheap test of whether anything of one resource changed.
+    pub fn last_write(&self, resource: &str) -> u64 {
+        self.read().last_writes.get(resource).copied().unwrap_or(0)
     }
 
     /// The object at `key`, if any.
@@ -326,6 +334,13 @@ impl Writer {
         {
             let mut state = inner.state.write().unwrap_or_else(|e| e.into_inner());
             for (key, obj) in overlay {
+                let resource = key.split('/').next().unwrap_or_default();
+                match state.last_writes.get_mut(resource) {
+                    Some(rv) => *rv = revision,
+                    None => {
+                        state.last_writes.insert(resource.to_string(), revision);
+                    }
+                }
                 match obj {
                     Some(o) => state.objects.insert(key, o),
                     None => state.objects.remove(&key),

@@ -8,7 +8,7 @@
 //! ConfigMap shows up in running containers through the same paths. Secret, downwardAPI and
 //! projected volumes (and emptyDir with medium `Memory`) live on tmpfs, so their contents never
 //! reach the disk. Projected `serviceAccountToken` sources are written from
-//! `NodeResources::service_account_token`, and skipped when it is `None`.
+//! `NodeResources::service_account_tokens`, and skipped when there is none for them.
 
 mod atomic;
 pub mod claims;
@@ -88,8 +88,40 @@ pub struct NodeResources {
     pub memory_bytes: i64,
     /// Allocatable ephemeral storage in bytes: the `limits.ephemeral-storage` of containers without one.
     pub ephemeral_storage_bytes: i64,
-    /// The pod's service account token, written for projected `serviceAccountToken` sources.
-    pub service_account_token: Option<String>,
+    /// The pod's service account tokens, written for projected `serviceAccountToken` sources.
+    pub service_account_tokens: BTreeMap<TokenKey, String>,
+}
+
+/// What a projected `serviceAccountToken` source asks for: kubelet requests one token per pod,
+/// audience and lifetime.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TokenKey {
+    /// Empty: the API's own audiences.
+    pub audience: String,
+    pub expiration_seconds: i64,
+}
+
+/// The tokens a pod's projected volumes ask for.
+pub fn token_keys(pod: &Pod) -> std::collections::BTreeSet<TokenKey> {
+    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    let sources = volumes.flat_map(|v| v.projected.iter().flat_map(|p| p.sources.iter().flatten()));
+    sources.filter_map(|s| s.service_account_token.as_ref()).map(token_key).collect()
+}
+
+/// The first projected volume with a token source.
+pub fn token_volume_name(pod: &Pod) -> Option<String> {
+    let mut volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    let with_token = |v: &&PodVolume| {
+        v.projected.iter().flat_map(|p| p.sources.iter().flatten()).any(|s| s.service_account_token.is_some())
+    };
+    volumes.find(with_token).map(|v| v.name.clone())
+}
+
+fn token_key(t: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection) -> TokenKey {
+    TokenKey {
+        audience: t.audience.clone().unwrap_or_default(),
+        expiration_seconds: t.expiration_seconds.unwrap_or(3600),
+    }
 }
 
 /// One materialized volume.
@@ -495,7 +527,7 @@ fn projected_payload(
         } else if let Some(d) = &source.downward_api {
             downward::payload(pod, d.items.as_deref().unwrap_or_default(), default_mode, node)
         } else if let Some(t) = &source.service_account_token {
-            match &node.service_account_token {
+            match node.service_account_tokens.get(&token_key(t)) {
                 Some(token) => {
                     let file = FileProjection { data: token.clone().into_bytes(), mode: mode(None, default_mode) };
                     Ok(Payload::from([(t.path.clone(), file)]))

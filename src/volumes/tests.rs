@@ -337,7 +337,8 @@ fn second_setup_writes_nothing() {
     let objects = Fake::default();
     objects.config_map("cfg", json!({"a": "1", "b": "2"}));
     objects.secret("sec", &[("k", "v")]);
-    let node = NodeResources { service_account_token: Some("tok".into()), ..node() };
+    let tokens = [(TokenKey { audience: String::new(), expiration_seconds: 3600 }, "tok".to_string())];
+    let node = NodeResources { service_account_tokens: tokens.into(), ..node() };
     let p = all_kinds_pod();
     let first = setup(&p, &dir.path, &objects, &node).unwrap();
     let before = snapshot(&dir.path);
@@ -441,7 +442,10 @@ fn projected_sources_and_token() {
         ]}}]),
         c(json!([])),
     );
-    let with_token = NodeResources { service_account_token: Some("eyJ.token".into()), ..node() };
+    let keys = token_keys(&p);
+    assert_eq!(keys.iter().collect::<Vec<_>>(), [&TokenKey { audience: String::new(), expiration_seconds: 3607 }]);
+    let tokens = keys.into_iter().map(|k| (k, "eyJ.token".to_string()));
+    let with_token = NodeResources { service_account_tokens: tokens.collect(), ..node() };
     let vols = setup(&p, &dir.path, &objects, &with_token).unwrap();
     let d = &vols.get("kube-api-access").unwrap().host_path;
     assert_eq!(d, &dir.path.join("volumes/kubernetes.io~projected/kube-api-access"));

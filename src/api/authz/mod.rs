@@ -1,12 +1,14 @@
 //! Authorization: who may do what, decided once per request from its [`Attributes`] before it is
 //! served (upstream's `WithAuthorization` filter over a chain of authorizers).
 //!
-//! `system:masters` may do everything. A node's identity (`system:node:<name>` in `system:nodes`)
-//! goes through the Node authorizer ([`node`]); a joined node's controllers (`system:cairn-controller`)
-//! through their fixed rules ([`rules::CONTROLLER_RULES`]). Every other authenticated identity is
-//! allowed for now: cairn has no RBAC yet. Discovery, health, version and OpenAPI paths are open to
-//! every authenticated identity, as upstream's `system:discovery` and `system:public-info-viewer`
-//! roles make them.
+//! `system:masters` may do everything. Then the authorizers of `--authorization-mode` are asked
+//! in order (`Node,RBAC` by default) and the first that allows decides: `Node` for a node's
+//! identity (`system:node:<name>` in `system:nodes`, [`node`]), `RBAC` for the rules of the roles
+//! bound to the user and its groups (resolved in [`crate::registry::rbac`]). A joined node's
+//! controllers (`system:cairn-controller`) have their fixed rules ([`rules::CONTROLLER_RULES`]),
+//! as k3s's bootstrap binds `system:k3s-controller`. Discovery, health, version and OpenAPI paths
+//! are open to every authenticated identity, as upstream's `system:discovery` and
+//! `system:public-info-viewer` roles make them.
 
 mod node;
 pub mod request_info;
@@ -27,12 +29,59 @@ pub const MASTERS_GROUP: &str = "system:masters";
 pub const CONTROLLER_USER: &str = "system:cairn-controller";
 const NODE_USER_PREFIX: &str = "system:node:";
 
-/// An authorizer's answer (upstream has Deny too; none of cairn's needs it).
+/// An authorizer's answer.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision {
     Allow,
+    /// Refused, with no later authorizer asked (`AlwaysDeny`).
+    Deny(String),
     /// Not allowed by this authorizer, with why (may be empty).
     NoOpinion(String),
+}
+
+/// One authorizer of `--authorization-mode` (kube-apiserver's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    AlwaysAllow,
+    AlwaysDeny,
+    Node,
+    Rbac,
+}
+
+/// The authorizers in order, as `--authorization-mode` lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Modes(Vec<Mode>);
+
+impl Default for Modes {
+    fn default() -> Self {
+        Modes(vec![Mode::Node, Mode::Rbac])
+    }
+}
+
+impl std::str::FromStr for Modes {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut modes = Vec::new();
+        for name in s.split(',').map(str::trim) {
+            let mode = match name {
+                "AlwaysAllow" => Mode::AlwaysAllow,
+                "AlwaysDeny" => Mode::AlwaysDeny,
+                "Node" => Mode::Node,
+                "RBAC" => Mode::Rbac,
+                other => {
+                    return Err(format!(
+                        "authorization mode {other:?} is not supported: use AlwaysAllow, AlwaysDeny, Node or RBAC"
+                    ));
+                }
+            };
+            if modes.contains(&mode) {
+                return Err(format!("authorization mode {name:?} is listed twice"));
+            }
+            modes.push(mode);
+        }
+        Ok(Modes(modes))
+    }
 }
 
 impl Decision {
@@ -77,21 +126,12 @@ static PUBLIC_PATHS: std::sync::LazyLock<Vec<PolicyRule>> = std::sync::LazyLock:
 });
 
 /// Decides a request; a refusal is upstream's 403 Status.
-pub fn authorize(registry: &Registry, user: &User, attrs: &Attributes) -> Result<(), StatusError> {
-    if user.groups.iter().any(|g| g == MASTERS_GROUP) {
-        return Ok(());
-    }
-    if attrs.resource.is_none() && rules::rules_allow(attrs, &PUBLIC_PATHS) {
-        return Ok(());
-    }
-    let decision = if let Some(node) = node_of(user) {
-        node::authorize(registry, node, attrs)
-    } else if user.name == CONTROLLER_USER {
-        if rules::rules_allow(attrs, &rules::CONTROLLER_RULES) { Decision::Allow } else { Decision::no("") }
-    } else {
-        Decision::Allow
+pub fn authorize(registry: &Registry, modes: &Modes, user: &User, attrs: &Attributes) -> Result<(), StatusError> {
+    let decision = decide(registry, modes, user, attrs);
+    let why = match decision {
+        Decision::Allow => return Ok(()),
+        Decision::Deny(why) | Decision::NoOpinion(why) => why,
     };
-    let Decision::NoOpinion(why) = decision else { return Ok(()) };
     let mut message = attrs.forbidden_message(user);
     if !why.is_empty() {
         message = format!("{message}: {why}");
@@ -104,4 +144,73 @@ pub fn authorize(registry: &Registry, user: &User, attrs: &Attributes) -> Result
         }
         None => StatusError::forbidden_plain(format!("forbidden: {message}")),
     })
+}
+
+/// What the authorizers say, in order (upstream's union authorizer: the first to allow or deny
+/// decides; the reasons of those without an opinion are joined).
+pub fn decide(registry: &Registry, modes: &Modes, user: &User, attrs: &Attributes) -> Decision {
+    if user.groups.iter().any(|g| g == MASTERS_GROUP) {
+        return Decision::Allow;
+    }
+    if attrs.resource.is_none() && rules::rules_allow(attrs, &PUBLIC_PATHS) {
+        return Decision::Allow;
+    }
+    if user.name == CONTROLLER_USER && rules::rules_allow(attrs, &rules::CONTROLLER_RULES) {
+        return Decision::Allow;
+    }
+    let mut reasons = Vec::new();
+    for mode in &modes.0 {
+        let decision = match mode {
+            Mode::AlwaysAllow => Decision::Allow,
+            Mode::AlwaysDeny => {
+                Decision::Deny("the server denies every request (--authorization-mode AlwaysDeny)".into())
+            }
+            Mode::Node => match node_of(user) {
+                Some(node) => node::authorize(registry, node, attrs),
+                None => Decision::no(""),
+            },
+            Mode::Rbac => rbac(registry, user, attrs),
+        };
+        match decision {
+            Decision::NoOpinion(why) => reasons.extend((!why.is_empty()).then_some(why)),
+            decided => return decided,
+        }
+    }
+    Decision::NoOpinion(reasons.join(", "))
+}
+
+/// Every rule `user` holds in `namespace` (upstream's rules review: what the RBAC rules grant,
+/// everything for `system:masters`, and the fixed rules of nodes and of cairn's controllers).
+pub fn rules_of(registry: &Registry, user: &User, namespace: &str) -> Vec<PolicyRule> {
+    if user.groups.iter().any(|g| g == MASTERS_GROUP) {
+        let all = |v: &str| Some(vec![v.to_string()]);
+        return vec![
+            PolicyRule { verbs: vec!["*".into()], api_groups: all("*"), resources: all("*"), ..Default::default() },
+            PolicyRule { verbs: vec!["*".into()], non_resource_urls: all("*"), ..Default::default() },
+        ];
+    }
+    let mut rules: Vec<PolicyRule> = PUBLIC_PATHS.clone();
+    if user.name == CONTROLLER_USER {
+        rules.extend(rules::CONTROLLER_RULES.iter().cloned());
+    }
+    if node_of(user).is_some() {
+        rules.extend(rules::NODE_RULES.iter().cloned());
+    }
+    let info = crate::registry::rbac::UserInfo { name: &user.name, groups: &user.groups };
+    for set in registry.rbac_rules(info, Some(namespace)) {
+        rules.extend(set.iter().filter(|r| !rules.contains(r)).cloned().collect::<Vec<_>>());
+    }
+    rules
+}
+
+/// RBAC: whether a rule of a role bound to the user (cluster-wide, or in the request's namespace)
+/// allows the request.
+fn rbac(registry: &Registry, user: &User, attrs: &Attributes) -> Decision {
+    let namespace = attrs.resource.as_ref().map(|r| r.namespace.as_str());
+    let info = crate::registry::rbac::UserInfo { name: &user.name, groups: &user.groups };
+    if registry.rbac_rules(info, namespace).iter().any(|rules| rules::rules_allow(attrs, rules)) {
+        Decision::Allow
+    } else {
+        Decision::no("")
+    }
 }

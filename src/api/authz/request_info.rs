@@ -172,7 +172,7 @@ mod tests {
 
     #[test]
     fn forbidden_text_is_upstreams() {
-        let user = User { name: "system:node:a".into(), groups: vec![] };
+        let user = User::new("system:node:a", vec![]);
         let a = Attributes::of(&Method::GET, "/api/v1/namespaces/default/secrets/s", None);
         assert_eq!(
             a.forbidden_message(&user),

@@ -26,12 +26,13 @@ impl Cluster {
                 .expect("store");
         let registry = Registry::new(store);
         crate::registry::bootstrap::system_namespaces(&registry).await.expect("namespaces");
+        crate::registry::service_account_admission::default_accounts(&registry).await;
         let state = Arc::new(AppState::new(registry, Tokens::default(), "127.0.0.1:6443".into()));
         Cluster { _dir: dir, router: router(state) }
     }
 
     fn client(&self, name: &str, groups: &[&str]) -> Client {
-        let user = User { name: name.into(), groups: groups.iter().map(|g| g.to_string()).collect() };
+        let user = User::new(name, groups.iter().map(|g| g.to_string()).collect());
         crate::client::in_process(self.router.clone(), user)
     }
 

@@ -4,6 +4,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use serde_json::{Value, json};
 
+use crate::registry::Subresource;
 use crate::registry::patch::{MergeKey, merge};
 use crate::registry::strategy::{AGE_COLUMN, Column, Kind, NAME_COLUMN, ResourceInfo, age_cell, name_cell};
 use crate::registry::validation::{self, ErrorList, FieldError};
@@ -222,7 +223,7 @@ impl Kind for ServiceAccounts {
         namespaced: true,
         short_names: &["sa"],
         categories: &[],
-        subresources: &[],
+        subresources: &[Subresource::Token],
         storage: "serviceaccounts",
         return_deleted_object: false,
     };

@@ -36,6 +36,7 @@ macro_rules! pod_spec_merge_keys {
 mod apps;
 mod autoscaling;
 pub mod batch;
+pub mod certificates;
 mod config;
 mod coordination;
 mod discovery;
@@ -47,6 +48,7 @@ mod node;
 pub mod pod;
 pub mod pod_rules;
 mod policy;
+pub mod rbac;
 mod runtime_class;
 pub mod service;
 pub mod storage;
@@ -89,8 +91,13 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(autoscaling::HorizontalPodAutoscalersV1)),
         Arc::new(Typed::new(batch::Jobs)),
         Arc::new(Typed::new(batch::CronJobs)),
+        Arc::new(Typed::new(certificates::CertificateSigningRequests)),
         Arc::new(Typed::new(networking::IpAddresses)),
         Arc::new(Typed::new(policy::PodDisruptionBudgets)),
+        Arc::new(Typed::new(rbac::ClusterRoleBindings)),
+        Arc::new(Typed::new(rbac::ClusterRoles)),
+        Arc::new(Typed::new(rbac::RoleBindings)),
+        Arc::new(Typed::new(rbac::Roles)),
         Arc::new(Typed::new(storage::StorageClasses)),
         Arc::new(Typed::new(storage::CsiDrivers)),
         Arc::new(Typed::new(storage::CsiNodes)),
