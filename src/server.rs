@@ -241,7 +241,8 @@ async fn start_control_plane(
         cfg.token_policy.clone(),
     )
     .context("loading the service account key")?;
-    let _ = state.sa_tokens.set(Arc::new(issuer));
+    let issuer = Arc::new(issuer);
+    let _ = state.sa_tokens.set(issuer.clone());
     let app = api::router(state.clone());
     if let Some(config) = &cfg.scheduler {
         let client = client::in_process(app.clone(), client::scheduler());
@@ -293,6 +294,13 @@ async fn start_control_plane(
         sign_client: {
             let pki = pki.clone();
             Arc::new(move |request: &str, lifetime| pki.sign_client_request(request, lifetime))
+        },
+        mint_token: {
+            let issuer = issuer.clone();
+            Arc::new(move |ns: &str, name: &str, uid: &str, secret: &str| {
+                let account = api::sa_token::Ref { name: name.into(), uid: uid.into() };
+                issuer.issue_legacy(ns, &account, secret)
+            })
         },
     };
     controllers::spawn_all(&controller_client, &options, &shutdown);

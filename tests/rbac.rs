@@ -297,6 +297,49 @@ fn tokens_certificates_and_pod_security() {
     eventually(30, || text(&as_user(&plain, &["get", "pods", "-n", "apps"])).contains("Unauthorized").then_some(()));
     assert!(!server.log().contains(plain_token.trim()), "no token is ever logged");
 
+    // A long-lived token kept in a Secret: filled in, working, gone with its account.
+    server.ok(&["create", "serviceaccount", "builder", "-n", "apps"]);
+    let keep = |name: &str, annotation: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: apps{annotation}}}\ntype: kubernetes.io/service-account-token\n"
+        )
+    };
+    let unnamed = server.kubectl_stdin(&["apply", "-f", "-"], &keep("nameless", ""));
+    assert!(
+        text(&unnamed).contains("metadata.annotations[kubernetes.io/service-account.name]: Required value"),
+        "{}",
+        text(&unnamed)
+    );
+    server.ok_stdin(
+        &["apply", "-f", "-"],
+        &keep("builder-token", ", annotations: {kubernetes.io/service-account.name: builder}"),
+    );
+    let kept = eventually(30, || {
+        let out = server.ok(&["get", "secret", "builder-token", "-n", "apps", "-o", "jsonpath={.data.token}"]);
+        (!out.trim().is_empty()).then(|| String::from_utf8(BASE64.decode(out.trim()).unwrap()).unwrap())
+    });
+    let described = server.ok(&[
+        "get",
+        "secret",
+        "builder-token",
+        "-n",
+        "apps",
+        "-o",
+        "jsonpath={.data.namespace} {.metadata.annotations}",
+    ]);
+    assert!(
+        described.starts_with(&BASE64.encode("apps")) && described.contains("kubernetes.io/service-account.uid"),
+        "{described}"
+    );
+    let kept = token_kubeconfig(&server, &kept, &dir.join("kept.yaml"));
+    let whoami = text(&as_user(&kept, &["auth", "whoami"]));
+    assert!(whoami.contains("system:serviceaccount:apps:builder"), "{whoami}");
+    server.ok(&["delete", "serviceaccount", "builder", "-n", "apps"]);
+    eventually(30, || {
+        server.kubectl(&["get", "secret", "builder-token", "-n", "apps"]).status.success().then_some(()).xor(Some(()))
+    });
+    eventually(30, || text(&as_user(&kept, &["auth", "whoami"])).contains("Unauthorized").then_some(()));
+
     // A certificate request, approved, is a working identity.
     let (key, request) = certificate_request("carol", "auditors");
     server.ok_stdin(&["apply", "-f", "-"], &csr_yaml("carol", &request));

@@ -4,6 +4,10 @@
 //! OIDC discovery documents (`/.well-known/openid-configuration`, `/openid/v1/jwks`) other systems
 //! verify them with.
 //!
+//! Legacy tokens, kept in Secrets of type `kubernetes.io/service-account-token` (issuer
+//! `kubernetes/serviceaccount`, no expiry), are signed with the same key and valid while their Secret
+//! holds them and their service account exists.
+//!
 //! The key is `<data-dir>/server/tls/service.key` (k3s's name), ECDSA P-256 signing ES256: ring, which
 //! cairn's TLS and certificates use, cannot generate RSA keys. Tokens themselves are never logged.
 
@@ -29,6 +33,8 @@ use crate::registry::{Registry, StatusError};
 pub const KEY_FILE: &str = "service.key";
 /// kube-apiserver's `--service-account-issuer` as k3s sets it.
 pub const DEFAULT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+/// The issuer of the tokens kept in Secrets (upstream's `LegacyIssuer`).
+pub const LEGACY_ISSUER: &str = "kubernetes/serviceaccount";
 /// How long a verified token is taken as valid without checking again (upstream's token success
 /// cache TTL).
 const CACHE_TTL: Duration = Duration::from_secs(10);
@@ -81,6 +87,21 @@ pub struct Claims {
     pub sub: String,
 }
 
+/// The claims of a token kept in a Secret (upstream's `legacyPrivateClaims`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LegacyClaims {
+    pub iss: String,
+    #[serde(rename = "kubernetes.io/serviceaccount/namespace")]
+    pub namespace: String,
+    #[serde(rename = "kubernetes.io/serviceaccount/secret.name")]
+    pub secret: String,
+    #[serde(rename = "kubernetes.io/serviceaccount/service-account.name")]
+    pub service_account: String,
+    #[serde(rename = "kubernetes.io/serviceaccount/service-account.uid")]
+    pub service_account_uid: String,
+    pub sub: String,
+}
+
 /// Why a token is not accepted. Only for the server's debug log: the client hears 401.
 #[derive(Debug, thiserror::Error)]
 pub enum Rejected {
@@ -101,6 +122,7 @@ pub struct ServiceAccountTokens {
     issuer: String,
     policy: TokenPolicy,
     validation: Validation,
+    legacy_validation: Validation,
     cache: Mutex<lru::LruCache<[u8; 32], (User, Instant)>>,
 }
 
@@ -146,6 +168,11 @@ impl ServiceAccountTokens {
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.validate_nbf = true;
         validation.leeway = LEEWAY_SECONDS;
+        let mut legacy_validation = Validation::new(Algorithm::ES256);
+        legacy_validation.set_issuer(&[LEGACY_ISSUER]);
+        legacy_validation.set_required_spec_claims(&["iss", "sub"]);
+        legacy_validation.validate_exp = false;
+        legacy_validation.validate_aud = false;
         Ok(ServiceAccountTokens {
             encoding: EncodingKey::from_ec_der(key.serialized_der()),
             decoding,
@@ -156,6 +183,7 @@ impl ServiceAccountTokens {
             issuer: issuer.to_string(),
             policy,
             validation,
+            legacy_validation,
             cache: Mutex::new(lru::LruCache::new(NonZeroUsize::new(CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN))),
         })
     }
@@ -193,13 +221,32 @@ impl ServiceAccountTokens {
         Ok((token, expires))
     }
 
+    /// A token to keep in Secret `secret` for `account` of `namespace` (the tokens controller's).
+    pub fn issue_legacy(&self, namespace: &str, account: &Ref, secret: &str) -> Result<String, String> {
+        let claims = LegacyClaims {
+            iss: LEGACY_ISSUER.into(),
+            namespace: namespace.into(),
+            secret: secret.into(),
+            service_account: account.name.clone(),
+            service_account_uid: account.uid.clone(),
+            sub: format!("system:serviceaccount:{namespace}:{}", account.name),
+        };
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(self.key_id.clone());
+        jsonwebtoken::encode(&header, &claims, &self.encoding).map_err(|e| format!("signing the token: {e}"))
+    }
+
     /// The claims of a token this cluster signed and that has not expired.
     pub fn verify(&self, token: &str) -> Result<Claims, Rejected> {
+        self.decode(token, &self.validation)
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self, token: &str, validation: &Validation) -> Result<T, Rejected> {
         let header = jsonwebtoken::decode_header(token).map_err(|e| Rejected::Invalid(e.to_string()))?;
         if header.kid.as_deref().is_some_and(|kid| kid != self.key_id) {
             return Err(Rejected::Invalid("signed with another key".into()));
         }
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+        let data = jsonwebtoken::decode::<T>(token, &self.decoding, validation)
             .map_err(|e| Rejected::Invalid(e.to_string()))?;
         Ok(data.claims)
     }
@@ -217,8 +264,12 @@ impl ServiceAccountTokens {
                 None => {}
             }
         }
-        let claims = self.verify(token)?;
-        let user = user_of(registry, &claims)?;
+        let user = if unverified_issuer(token).as_deref() == Some(LEGACY_ISSUER) {
+            let claims: LegacyClaims = self.decode(token, &self.legacy_validation)?;
+            legacy_user_of(registry, &claims, token)?
+        } else {
+            user_of(registry, &self.verify(token)?)?
+        };
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).put(digest, (user.clone(), Instant::now()));
         Ok(user)
     }
@@ -285,6 +336,38 @@ fn user_of(registry: &Registry, claims: &Claims) -> Result<User, Rejected> {
     Ok(user)
 }
 
+/// The `iss` a token claims, read before its signature is checked: only to choose how to check it.
+fn unverified_issuer(token: &str) -> Option<String> {
+    let payload = B64URL.decode(token.split('.').nth(1)?).ok()?;
+    serde_json::from_slice::<Value>(&payload).ok()?["iss"].as_str().map(str::to_string)
+}
+
+/// The user of a token kept in a Secret (upstream's legacy validator): its Secret still holds it
+/// and is not being deleted, and its service account is the one it names.
+fn legacy_user_of(registry: &Registry, claims: &LegacyClaims, token: &str) -> Result<User, Rejected> {
+    use base64::engine::general_purpose::STANDARD;
+    let ns = claims.namespace.as_str();
+    let get = |plural: &str, name: &str| {
+        registry.find("", "v1", plural).and_then(|r| registry.get_value(&r, Some(ns), name).ok())
+    };
+    let invalidated = |what: String| Rejected::Invalidated(what);
+    let sa = get("serviceaccounts", &claims.service_account)
+        .filter(|sa| sa["metadata"]["uid"] == claims.service_account_uid.as_str())
+        .ok_or_else(|| {
+            invalidated(format!("service account {ns}/{} is gone or was replaced", claims.service_account))
+        })?;
+    let secret =
+        get("secrets", &claims.secret).ok_or_else(|| invalidated(format!("secret {ns}/{} is gone", claims.secret)))?;
+    let kept = secret["data"]["token"].as_str().and_then(|t| STANDARD.decode(t).ok()).unwrap_or_default();
+    if kept != token.as_bytes() || !secret["metadata"]["deletionTimestamp"].is_null() {
+        return Err(invalidated(format!("secret {ns}/{} no longer holds the token", claims.secret)));
+    }
+    let mut user =
+        User::new(claims.sub.clone(), vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{ns}")]);
+    user.uid = sa["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    Ok(user)
+}
+
 /// Whether a bearer token has a JWT's shape (three base64url parts), so it is worth verifying.
 pub fn looks_like_jwt(token: &str) -> bool {
     token.split('.').count() == 3 && token.starts_with("eyJ")
@@ -342,6 +425,22 @@ mod tests {
             B64URL.encode(serde_json::to_vec(&json!({"sub": "system:serviceaccount:kube-system:admin"})).unwrap());
         forged[1] = &body;
         assert!(tokens.verify(&forged.join(".")).is_err());
+    }
+
+    #[test]
+    fn legacy_tokens_have_no_expiry_and_are_checked_as_legacy() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = ServiceAccountTokens::load_or_create(dir.path(), DEFAULT_ISSUER, TokenPolicy::default()).unwrap();
+        let account = Ref { name: "builder".into(), uid: "u".into() };
+        let token = tokens.issue_legacy("apps", &account, "builder-token").unwrap();
+        assert_eq!(unverified_issuer(&token).as_deref(), Some(LEGACY_ISSUER));
+        let claims: LegacyClaims = tokens.decode(&token, &tokens.legacy_validation).unwrap();
+        assert_eq!(claims.sub, "system:serviceaccount:apps:builder");
+        assert_eq!(claims.secret, "builder-token");
+        assert!(tokens.verify(&token).is_err(), "not a bound token: no audience, no expiry");
+        let other = tempfile::tempdir().unwrap();
+        let other = ServiceAccountTokens::load_or_create(other.path(), DEFAULT_ISSUER, TokenPolicy::default()).unwrap();
+        assert!(other.decode::<LegacyClaims>(&token, &other.legacy_validation).is_err());
     }
 
     #[test]

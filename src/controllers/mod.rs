@@ -42,6 +42,7 @@ mod serviceaccount;
 mod servicelb;
 mod statefulset;
 mod tainteviction;
+pub mod tokens;
 mod ttl_after_finished;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
@@ -69,6 +70,8 @@ pub struct Options {
     pub root_ca: String,
     /// Signs client certificates with the cluster CA (the `kube-apiserver-client` signer).
     pub sign_client: std::sync::Arc<csrsigning::Sign>,
+    /// Signs the long-lived tokens of `kubernetes.io/service-account-token` Secrets.
+    pub mint_token: std::sync::Arc<tokens::Mint>,
 }
 
 /// Starts every controller; they stop when `shutdown` fires.
@@ -91,6 +94,17 @@ pub fn spawn_all(client: &Client, options: &Options, shutdown: &CancellationToke
     tokio::spawn(runtime::run(
         csrsigning::controller(client),
         csrsigning::Signer { client: client.clone(), sign: options.sign_client.clone() },
+        shutdown.clone(),
+    ));
+    let (token_secrets, secrets) = tokens::controller(client);
+    tokio::spawn(runtime::run(
+        token_secrets,
+        tokens::Tokens {
+            client: client.clone(),
+            mint: options.mint_token.clone(),
+            ca: options.root_ca.clone(),
+            secrets,
+        },
         shutdown.clone(),
     ));
     let (aggregation, roles) = clusterroleaggregation::controller(client);

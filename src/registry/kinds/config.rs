@@ -16,6 +16,11 @@ pub struct ConfigMaps;
 pub struct Secrets;
 pub struct ServiceAccounts;
 
+/// The type of Secrets that hold a service account's long-lived token, and their annotations.
+pub const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
+pub const SERVICE_ACCOUNT_NAME_KEY: &str = "kubernetes.io/service-account.name";
+pub const SERVICE_ACCOUNT_UID_KEY: &str = "kubernetes.io/service-account.uid";
+
 /// `IsConfigMapKey`: what a data key may look like.
 fn key_errors(key: &str) -> Vec<String> {
     let mut errs = Vec::new();
@@ -170,6 +175,12 @@ impl Kind for Secrets {
             if !data.contains_key(*k) {
                 errs.push(FieldError::required(validation::key("data", k), ""));
             }
+        }
+        let annotations = secret.metadata.annotations.as_ref();
+        if secret.type_.as_deref() == Some(SERVICE_ACCOUNT_TOKEN)
+            && annotations.and_then(|a| a.get(SERVICE_ACCOUNT_NAME_KEY)).is_none_or(String::is_empty)
+        {
+            errs.push(FieldError::required(validation::key("metadata.annotations", SERVICE_ACCOUNT_NAME_KEY), ""));
         }
         errs
     }

@@ -37,7 +37,7 @@ mod apps;
 mod autoscaling;
 pub mod batch;
 pub mod certificates;
-mod config;
+pub mod config;
 mod coordination;
 mod discovery;
 mod event;
