@@ -50,7 +50,7 @@ build_packages="gcc libc6-dev"
 # What the tests and benchmarks use besides: network namespaces (iproute2), test images (busybox-static),
 # the reference CNI plugins the network benchmark compares with, and dnsmasq (the cluster DNS tests'
 # upstream resolver and its benchmark's baseline).
-test_packages="iproute2 busybox-static containernetworking-plugins dnsmasq-base"
+test_packages="iproute2 busybox-static containernetworking-plugins dnsmasq-base etcd-server"
 
 wanted="$runtime_packages $build_packages"
 $tests && wanted="$wanted $test_packages"

@@ -358,6 +358,19 @@ struct ServerArgs {
     /// kube-controller-manager's: how long a node may send no heartbeat before it is Unknown, tainted and its pods evicted
     #[arg(long, default_value = "50s", value_parser = parse_duration)]
     node_monitor_grace_period: std::time::Duration,
+    /// etcd to keep the cluster in instead of the embedded store: comma-separated http:// or https://
+    /// URLs of its members (k3s's flag)
+    #[arg(long, env = "CAIRN_DATASTORE_ENDPOINT")]
+    datastore_endpoint: Option<String>,
+    /// CA certificate that etcd's serving certificates are checked against
+    #[arg(long)]
+    datastore_cafile: Option<PathBuf>,
+    /// Client certificate presented to etcd
+    #[arg(long)]
+    datastore_certfile: Option<PathBuf>,
+    /// Key of the client certificate presented to etcd
+    #[arg(long)]
+    datastore_keyfile: Option<PathBuf>,
     /// The issuer (`iss`) of service account tokens, and of their OIDC discovery document
     #[arg(long, default_value = api::sa_token::DEFAULT_ISSUER)]
     service_account_issuer: String,
@@ -662,6 +675,17 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         flannel_backend: args.flannel_backend,
         authorization: args.authorization_mode.clone(),
         service_account_issuer: args.service_account_issuer.clone(),
+        datastore: match &args.datastore_endpoint {
+            None => None,
+            Some(endpoints) => Some(store::etcd::Config {
+                endpoints: store::etcd::Config::parse_endpoints(endpoints)
+                    .map_err(|e| anyhow::anyhow!("invalid --datastore-endpoint: {e}"))?,
+                ca_file: args.datastore_cafile.clone(),
+                cert_file: args.datastore_certfile.clone(),
+                key_file: args.datastore_keyfile.clone(),
+                prefix: store::etcd::DEFAULT_PREFIX.into(),
+            }),
+        },
         token_policy: registry::token_request::TokenPolicy {
             audiences: args.api_audiences.iter().filter(|a| !a.is_empty()).cloned().collect(),
             max_expiration_seconds: args.service_account_max_token_expiration.map(|d| d.as_secs() as i64),

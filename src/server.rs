@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub authorization: api::authz::Modes,
     /// `--service-account-issuer`.
     pub service_account_issuer: String,
+    /// `--datastore-endpoint` and its TLS files: etcd instead of the embedded store.
+    pub datastore: Option<store::etcd::Config>,
     /// `--api-audiences` and the service account token lifetimes.
     pub token_policy: registry::token_request::TokenPolicy,
 }
@@ -169,9 +171,18 @@ async fn start_control_plane(
     std::fs::create_dir_all(cfg.data_dir.join("server"))
         .with_context(|| format!("creating the data directory {}", cfg.data_dir.display()))?;
 
-    let store =
-        Store::open(&cfg.db_dir(), store::Options { cache_bytes: cfg.store_cache_mib << 20, ..Default::default() })
-            .with_context(|| format!("opening the store in {}", cfg.db_dir().display()))?;
+    let options = store::Options { cache_bytes: cfg.store_cache_mib << 20, ..Default::default() };
+    let store = match &cfg.datastore {
+        None => Store::open(&cfg.db_dir(), options)
+            .with_context(|| format!("opening the store in {}", cfg.db_dir().display()))?,
+        Some(etcd) => {
+            tracing::info!("connecting to etcd at {}", etcd.endpoints.join(","));
+            tokio::select! {
+                store = Store::open_etcd(etcd.clone(), options) => store.context("opening the etcd datastore")?,
+                () = shutdown.cancelled() => anyhow::bail!("stopped while waiting for etcd"),
+            }
+        }
+    };
     tracing::info!("store opened at revision {}", store.revision());
 
     let hostname = hostname::get().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());

@@ -325,7 +325,10 @@ async fn graceful_pod_deletion_and_preconditions() {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     nodes.create(&PostParams::default(), &ready_node("n1")).await.unwrap();
-    let created = pods.create(&PostParams::default(), &pod("web")).await.unwrap();
+    // Bound by hand only: the scheduler would try too, and could record its failure at any time.
+    let mut web = pod("web");
+    web.spec.as_mut().unwrap().scheduler_name = Some("by-hand".into());
+    let created = pods.create(&PostParams::default(), &web).await.unwrap();
     bind(&client, "web", "n1").await.unwrap();
 
     // A pod on a live node is only marked: the node has 30 seconds to stop it.

@@ -209,6 +209,15 @@ impl StatusError {
         Self::new(503, "ServiceUnavailable", message)
     }
 
+    /// 504 for a storage request that did not finish in time (upstream's `NewTimeoutError` text).
+    pub fn storage_timeout() -> Self {
+        Self::new(
+            504,
+            "Timeout",
+            "Timeout: request did not complete within requested timeout - context deadline exceeded",
+        )
+    }
+
     /// A node endpoint's error answer passed on (upstream's `NewGenericServerResponse`): its code,
     /// the reason for that code, and its text as the message.
     pub fn from_node(code: u16, text: String) -> Self {

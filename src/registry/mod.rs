@@ -814,6 +814,11 @@ fn store_error(r: &Resource, name: &str, e: store::Error) -> StatusError {
         store::Error::TooOld { requested, oldest } => {
             StatusError::gone(format!("too old resource version: {requested} ({oldest})"))
         }
+        store::Error::Timeout { endpoint } => {
+            tracing::warn!("the datastore {endpoint} did not answer a write to {gr} {name:?} in time");
+            StatusError::storage_timeout()
+        }
+        e @ store::Error::Unavailable { .. } => StatusError::service_unavailable(e.to_string()),
         other => StatusError::internal(other),
     }
 }

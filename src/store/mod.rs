@@ -1,4 +1,8 @@
-//! The only owner of sled: durable objects, one cluster-wide resourceVersion, and the watch hub.
+//! The only owner of the datastore: durable objects, one cluster-wide resourceVersion, and the watch
+//! hub. Two backends keep the objects: sled in the data directory (`sled_store.rs`, the default) and
+//! etcd v3 (`etcd.rs`, `--datastore-endpoint`). Above them, the same in-memory index serves every read
+//! and the same hub every watch (kube-apiserver's watch cache): sled's writer updates it after each
+//! flush, etcd's watch after each commit, this server's or another's.
 //!
 //! # Guarantees
 //! - Every object is stored as its JSON bytes, with `metadata.resourceVersion` set to the revision of
@@ -10,12 +14,18 @@
 //! - Readers never see a write before it is durable: the in-memory index that serves reads and watches
 //!   is updated after the flush.
 //!
+//! - With etcd, revisions are etcd's revisions, a write is acknowledged once etcd committed it and the
+//!   index shows it (so a reader of this server sees its own writes), and writes of other servers
+//!   appear as etcd's watch delivers them.
+//!
 //! # Caveats
 //! - Reads are served from an in-memory index of the current objects (like kube-apiserver's watch
-//!   cache); sled is read once, at start-up.
+//!   cache); the backend is read in full once, at start-up.
 //! - Watch history is a bounded window; resuming from a revision older than the window (or from before
 //!   a restart) fails with [`Error::TooOld`], and the caller must re-list, as clients do on 410 Gone.
 
+pub mod etcd;
+mod sled_store;
 mod watch;
 
 pub use watch::{Event, EventType, Subscription};
@@ -25,18 +35,12 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, mpsc};
-use std::thread;
 
 use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
 use watch::Hub;
-
-/// Key under which the revision counter is persisted; sorts before every object key.
-const REVISION_KEY: &[u8] = b"\0revision";
-/// Most writes committed in one batch.
-const MAX_BATCH: usize = 512;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -56,6 +60,12 @@ pub enum Error {
     TooOld { requested: u64, oldest: u64 },
     #[error("the store is shutting down")]
     Closed,
+    /// The datastore did not answer (etcd unreachable, or no quorum).
+    #[error("the datastore {endpoint} cannot be reached: {why}")]
+    Unavailable { endpoint: String, why: String },
+    /// The datastore did not answer in time.
+    #[error("the datastore {endpoint} did not answer in time")]
+    Timeout { endpoint: String },
     #[error("encoding the object: {0}")]
     Encode(#[from] serde_json::Error),
 }
@@ -87,13 +97,6 @@ pub enum Op {
     Delete(Value),
 }
 
-struct WriteRequest {
-    key: String,
-    pre: Precondition,
-    op: Op,
-    reply: oneshot::Sender<Result<Arc<Object>>>,
-}
-
 #[derive(Default)]
 struct State {
     objects: BTreeMap<String, Arc<Object>>,
@@ -105,9 +108,17 @@ struct State {
 struct Inner {
     state: RwLock<State>,
     hub: Arc<Hub>,
-    writes: mpsc::Sender<WriteRequest>,
+    backend: Backend,
     flushes: AtomicU64,
     committed: AtomicU64,
+}
+
+/// Where writes go.
+enum Backend {
+    /// sled's writer thread: it assigns revisions, commits in groups and updates the index.
+    Sled(mpsc::Sender<sled_store::WriteRequest>),
+    /// etcd: revisions are its own; its watch updates the index.
+    Etcd(etcd::Etcd),
 }
 
 /// Counters of the writer, for benchmarks and tests.
@@ -143,42 +154,27 @@ impl Default for Options {
 }
 
 impl Store {
-    /// Opens (or creates) the store at `path` and loads the current objects.
+    /// Opens (or creates) the sled store at `path` and loads the current objects.
     pub fn open(path: &Path, options: Options) -> Result<Self> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(options.cache_bytes)
-            // Every acknowledged write is flushed explicitly; no background flushing on top.
-            .flush_every_ms(None)
-            .open()
-            .map_err(|source| Error::Open { path: path.display().to_string(), source })?;
-        let mut state = State::default();
-        for entry in db.iter() {
-            let (key, value) = entry?;
-            if key.as_ref() == REVISION_KEY {
-                state.revision = decode_revision(&value);
-                continue;
-            }
-            let key = String::from_utf8_lossy(&key).into_owned();
-            let data = Bytes::copy_from_slice(&value);
-            let rv = revision_of(&data).map_err(|source| Error::Corrupt { key: key.clone(), source })?;
-            state.objects.insert(key, Arc::new(Object { rv, data }));
-        }
+        sled_store::open(path, options)
+    }
+
+    /// Connects to etcd (retrying until it answers) and loads the current objects.
+    pub async fn open_etcd(config: etcd::Config, options: Options) -> Result<Self> {
+        etcd::open(config, options).await
+    }
+
+    fn with(state: State, options: &Options, backend: Backend) -> Self {
         let revision = state.revision;
-        let (tx, rx) = mpsc::channel();
-        let inner = Arc::new(Inner {
-            state: RwLock::new(state),
-            hub: Arc::new(Hub::new(revision, options.history, options.history_bytes)),
-            writes: tx,
-            flushes: AtomicU64::new(0),
-            committed: AtomicU64::new(0),
-        });
-        let writer = Writer { db, inner: Arc::downgrade(&inner) };
-        thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || writer.run(rx))
-            .map_err(|e| Error::Write(sled::Error::Io(e)))?;
-        Ok(Self { inner })
+        Store {
+            inner: Arc::new(Inner {
+                state: RwLock::new(state),
+                hub: Arc::new(Hub::new(revision, options.history, options.history_bytes)),
+                backend,
+                flushes: AtomicU64::new(0),
+                committed: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// How many flushes and writes the writer has done.
@@ -238,9 +234,14 @@ impl Store {
 
     /// Commits one write durably and returns the stored object (for a delete, its final state).
     pub async fn write(&self, key: String, pre: Precondition, op: Op) -> Result<Arc<Object>> {
-        let (reply, rx) = oneshot::channel();
-        self.inner.writes.send(WriteRequest { key, pre, op, reply }).map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        match &self.inner.backend {
+            Backend::Sled(writes) => {
+                let (reply, rx) = oneshot::channel();
+                writes.send(sled_store::WriteRequest { key, pre, op, reply }).map_err(|_| Error::Closed)?;
+                rx.await.map_err(|_| Error::Closed)?
+            }
+            Backend::Etcd(etcd) => etcd.write(&self.inner, key, pre, op).await,
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -256,122 +257,27 @@ pub struct Listing {
     pub revision: u64,
 }
 
-struct Writer {
-    db: sled::Db,
-    inner: std::sync::Weak<Inner>,
-}
-
-struct Staged {
-    reply: oneshot::Sender<Result<Arc<Object>>>,
-    result: Result<Event>,
-}
-
-impl Writer {
-    fn run(self, rx: mpsc::Receiver<WriteRequest>) {
-        while let Ok(first) = rx.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(req) => batch.push(req),
-                    Err(_) => break,
+/// Makes committed events visible: the index, the revision, each resource's last write, then the
+/// hub. The one way the index changes, whatever the backend.
+fn apply(inner: &Inner, events: Vec<Arc<Event>>, revision: u64) {
+    {
+        let mut state = inner.state.write().unwrap_or_else(|e| e.into_inner());
+        for event in &events {
+            let resource = event.key.split('/').next().unwrap_or_default();
+            match state.last_writes.get_mut(resource) {
+                Some(rv) => *rv = event.rv,
+                None => {
+                    state.last_writes.insert(resource.to_string(), event.rv);
                 }
             }
-            let Some(inner) = self.inner.upgrade() else { return };
-            self.commit(&inner, batch);
-        }
-        if let Err(e) = self.db.flush() {
-            tracing::error!("final flush of the store failed: {e}");
-        }
-    }
-
-    fn commit(&self, inner: &Inner, batch: Vec<WriteRequest>) {
-        // This thread is the only mutator of the index, so it may read it without holding the lock
-        // across the batch.
-        let lookup = |key: &str| inner.state.read().unwrap_or_else(|e| e.into_inner()).objects.get(key).cloned();
-        let mut revision = inner.state.read().unwrap_or_else(|e| e.into_inner()).revision;
-        // Writes later in the batch see earlier ones through this overlay.
-        let mut overlay: BTreeMap<String, Option<Arc<Object>>> = BTreeMap::new();
-        let mut sled_batch = sled::Batch::default();
-        let mut staged = Vec::with_capacity(batch.len());
-        for req in batch {
-            let current = match overlay.get(&req.key) {
-                Some(o) => o.clone(),
-                None => lookup(&req.key),
+            match event.kind {
+                EventType::Deleted => state.objects.remove(event.key.as_ref()),
+                _ => state.objects.insert(event.key.to_string(), event.object.clone()),
             };
-            let result = stage(&req.key, req.pre, req.op, current, revision + 1).inspect(|event| {
-                revision = event.rv;
-                match event.kind {
-                    EventType::Deleted => {
-                        sled_batch.remove(req.key.as_bytes());
-                        overlay.insert(req.key.clone(), None);
-                    }
-                    _ => {
-                        sled_batch.insert(req.key.as_bytes(), event.object.data.as_ref());
-                        overlay.insert(req.key.clone(), Some(event.object.clone()));
-                    }
-                }
-            });
-            staged.push(Staged { reply: req.reply, result });
         }
-        if overlay.is_empty() {
-            for s in staged {
-                let _ = s.reply.send(s.result.map(|e| e.object));
-            }
-            return;
-        }
-        sled_batch.insert(REVISION_KEY, &revision.to_be_bytes());
-        let durable = self.db.apply_batch(sled_batch).and_then(|_| self.db.flush().map(|_| ()));
-        if let Err(e) = durable {
-            tracing::error!("committing {} write(s) to disk failed: {e}", staged.len());
-            let msg = e.to_string();
-            for s in staged {
-                let _ = s.reply.send(Err(Error::Write(sled::Error::Unsupported(msg.clone()))));
-            }
-            return;
-        }
-        inner.flushes.fetch_add(1, Ordering::Relaxed);
-        inner.committed.fetch_add(overlay_writes(&staged), Ordering::Relaxed);
-        {
-            let mut state = inner.state.write().unwrap_or_else(|e| e.into_inner());
-            for (key, obj) in overlay {
-                let resource = key.split('/').next().unwrap_or_default();
-                match state.last_writes.get_mut(resource) {
-                    Some(rv) => *rv = revision,
-                    None => {
-                        state.last_writes.insert(resource.to_string(), revision);
-                    }
-                }
-                match obj {
-                    Some(o) => state.objects.insert(key, o),
-                    None => state.objects.remove(&key),
-                };
-            }
-            state.revision = revision;
-        }
-        let mut replies = Vec::with_capacity(staged.len());
-        let events: Vec<Arc<Event>> = staged
-            .into_iter()
-            .filter_map(|s| match s.result {
-                Ok(event) => {
-                    let event = Arc::new(event);
-                    replies.push((s.reply, Ok(event.object.clone())));
-                    Some(event)
-                }
-                Err(e) => {
-                    replies.push((s.reply, Err(e)));
-                    None
-                }
-            })
-            .collect();
-        inner.hub.publish(events);
-        for (reply, result) in replies {
-            let _ = reply.send(result);
-        }
+        state.revision = state.revision.max(revision);
     }
-}
-
-fn overlay_writes(staged: &[Staged]) -> u64 {
-    staged.iter().filter(|s| s.result.is_ok()).count() as u64
+    inner.hub.publish(events);
 }
 
 /// Checks the precondition and produces the event for one write at revision `rv`.
@@ -393,10 +299,6 @@ fn stage(key: &str, pre: Precondition, op: Op, current: Option<Arc<Object>>, rv:
     }
     let data = Bytes::from(serde_json::to_vec(&value)?);
     Ok(Event { rv, kind, key: key.into(), object: Arc::new(Object { rv, data }), prev: current })
-}
-
-fn decode_revision(bytes: &[u8]) -> u64 {
-    bytes.try_into().map(u64::from_be_bytes).unwrap_or(0)
 }
 
 /// Reads `metadata.resourceVersion` from stored JSON without parsing the whole object.

@@ -190,3 +190,109 @@ async fn a_watcher_behind_the_history_too_is_told_so() {
     burst(&store, watch::LIVE_CAPACITY + 500).await;
     assert!(matches!(sub.next().await, Err(Error::TooOld { .. })));
 }
+
+/// A one-member etcd (Debian's `etcd-server`: `/usr/bin/etcd`, or `$ETCD`) on free loopback ports,
+/// killed when dropped.
+struct EtcdMember {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdMember {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (client, peer) = (free(), free());
+        let (url, peer_url) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+        let etcd = std::env::var_os("ETCD").unwrap_or_else(|| "/usr/bin/etcd".into());
+        let child = std::process::Command::new(&etcd)
+            .arg("--data-dir")
+            .arg(dir.path().join("etcd"))
+            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("default={peer_url}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("etcd-server is needed ({}): {e}", etcd.to_string_lossy()));
+        let member = EtcdMember { child, url, _dir: dir };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "etcd did not listen in 20s");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        member
+    }
+
+    async fn store(&self, history: usize) -> Store {
+        let config = etcd::Config {
+            endpoints: vec![self.url.clone()],
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            prefix: etcd::DEFAULT_PREFIX.into(),
+        };
+        Store::open_etcd(config, Options { history, ..Default::default() }).await.unwrap()
+    }
+}
+
+impl Drop for EtcdMember {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_writes_keep_preconditions_and_revisions() {
+    let etcd = EtcdMember::start();
+    let store = etcd.store(100).await;
+    let a = store.write("c/a".into(), Precondition::Absent, Op::Put(obj("a"))).await.unwrap();
+    let v: Value = serde_json::from_slice(&store.get("c/a").unwrap().data).unwrap();
+    assert_eq!(v["metadata"]["resourceVersion"], a.rv.to_string(), "read your own write at its revision");
+    assert!(matches!(
+        store.write("c/a".into(), Precondition::Absent, Op::Put(obj("a"))).await,
+        Err(Error::AlreadyExists)
+    ));
+    assert!(matches!(
+        store.write("c/a".into(), Precondition::Revision(a.rv + 100), Op::Put(obj("a"))).await,
+        Err(Error::Conflict { current }) if current == a.rv
+    ));
+    assert!(matches!(
+        store.write("c/x".into(), Precondition::Revision(1), Op::Put(obj("x"))).await,
+        Err(Error::NotFound)
+    ));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let s = store.clone();
+            tokio::spawn(async move { s.write("c/same".into(), Precondition::Absent, Op::Put(obj("same"))).await })
+        })
+        .collect();
+    let mut winners = 0;
+    for t in tasks {
+        winners += usize::from(t.await.unwrap().is_ok());
+    }
+    assert_eq!(winners, 1);
+    let b = store.write("c/a".into(), Precondition::Revision(a.rv), Op::Put(obj("a"))).await.unwrap();
+    let gone = store.write("c/a".into(), Precondition::Revision(b.rv), Op::Delete(obj("a"))).await.unwrap();
+    assert!(gone.rv > b.rv && b.rv > a.rv);
+    assert!(store.get("c/a").is_none());
+    let mut sub = store.watch(a.rv).unwrap();
+    let kinds = [sub.next().await.unwrap(), sub.next().await.unwrap(), sub.next().await.unwrap()];
+    let kinds: Vec<(String, EventType)> = kinds.iter().map(|e| (e.key.to_string(), e.kind)).collect();
+    assert_eq!(
+        kinds,
+        [("c/same".into(), EventType::Added), ("c/a".into(), EventType::Modified), ("c/a".into(), EventType::Deleted)]
+    );
+
+    // Another store on the same etcd loads everything, and each sees the other's writes.
+    let other = etcd.store(100).await;
+    assert_eq!(other.list("c/", None).items.len(), 1);
+    assert_eq!(other.revision(), store.revision());
+    let (_, mut watched) = store.list_and_watch("c/");
+    let theirs = other.write("c/theirs".into(), Precondition::Absent, Op::Put(obj("theirs"))).await.unwrap();
+    let seen = watched.next().await.unwrap();
+    assert_eq!((&*seen.key, seen.rv, seen.kind), ("c/theirs", theirs.rv, EventType::Added));
+    assert_eq!(store.get("c/theirs").map(|o| o.rv), Some(theirs.rv));
+}

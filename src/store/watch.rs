@@ -81,6 +81,16 @@ impl Hub {
         }
     }
 
+    /// Forgets the history (the index was loaded again at `revision`) and ends every subscription:
+    /// their next call fails with [`Error::Closed`], and their clients re-list.
+    pub(super) fn reset(&self, revision: u64) {
+        let mut st = self.lock();
+        st.history.clear();
+        st.bytes = 0;
+        st.complete_after = revision;
+        st.tx = broadcast::channel(LIVE_CAPACITY).0;
+    }
+
     /// Subscribes to events after `from`, replaying history first.
     pub(super) fn subscribe(self: &Arc<Self>, from: u64) -> Result<Subscription> {
         let (backlog, rx) = self.replay(from)?;

@@ -1,5 +1,9 @@
 //! Shared harness for the end-to-end tests: starts the real `cairn` binary on a free port with a
 //! temporary data directory and drives it with the real kubectl.
+//!
+//! With `CAIRN_TEST_DATASTORE=etcd`, every server keeps the cluster in an etcd of its own (Debian's
+//! `etcd-server`, `/usr/bin/etcd` or `$ETCD`), started for its data directory on free loopback ports
+//! and kept across the server's restarts on that directory.
 
 #![allow(dead_code)]
 
@@ -68,6 +72,7 @@ impl Server {
                     .into_iter()
                     .flatten(),
             )
+            .args(datastore_args(dir.path()))
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
@@ -233,6 +238,62 @@ impl Drop for Server {
             let _ = c.wait();
         }
         remove_cgroups(&self.dir);
+        // A server stopped to be started again has handed its directory on: this one is its last.
+        stop_etcd(self.dir.path());
+    }
+}
+
+/// The etcd members of the servers' data directories (`CAIRN_TEST_DATASTORE=etcd`).
+static ETCDS: std::sync::Mutex<Vec<(PathBuf, Child, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// `--datastore-endpoint` for a server on `dir` when the tests run on etcd: the etcd of that
+/// directory, started the first time.
+fn datastore_args(dir: &Path) -> Vec<String> {
+    if std::env::var("CAIRN_TEST_DATASTORE").as_deref() != Ok("etcd") {
+        return Vec::new();
+    }
+    let mut etcds = ETCDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, _, url)) = etcds.iter().find(|(d, _, _)| d == dir) {
+        return vec!["--datastore-endpoint".into(), url.clone()];
+    }
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let (client, peer) = (free(), free());
+    let (client_url, peer_url) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+    let etcd = std::env::var_os("ETCD").unwrap_or_else(|| "/usr/bin/etcd".into());
+    let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
+    let mut command = Command::new(&etcd);
+    command
+        .arg("--data-dir")
+        .arg(dir.join("etcd"))
+        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("default={peer_url}")])
+        .stdout(Stdio::null())
+        .stderr(log);
+    // SAFETY: prctl(2) in the child before exec: etcd dies with the test that started it.
+    unsafe {
+        use std::os::unix::process::CommandExt as _;
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let child = command.spawn().unwrap_or_else(|e| panic!("etcd-server is needed ({}): {e}", etcd.to_string_lossy()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+        assert!(Instant::now() < deadline, "etcd did not listen on {client_url} in 20s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    etcds.push((dir.to_path_buf(), child, client_url.clone()));
+    vec!["--datastore-endpoint".into(), client_url]
+}
+
+fn stop_etcd(dir: &Path) {
+    let mut etcds = ETCDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = etcds.iter().position(|(d, _, _)| d == dir) {
+        let (_, mut child, _) = etcds.swap_remove(i);
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
