@@ -29,7 +29,10 @@
 //! - `CAIRN_BENCH_LIST_PODS` [10000], `CAIRN_BENCH_LIST_RUNS` [5];
 //! - `CAIRN_BENCH_WATCHERS` [100], `CAIRN_BENCH_WATCH_WRITES` [20];
 //! - `CAIRN_BENCH_AUTHZ_CREATES` [5000] per run, `CAIRN_BENCH_AUTHZ_BINDINGS` [1000];
-//! - `CAIRN_BENCH_ETCD` [`/usr/bin/etcd`]: the baseline binary; empty skips the baseline.
+//! - `CAIRN_BENCH_ETCD` [`/usr/bin/etcd`]: the baseline binary; empty skips the baseline;
+//! - `CAIRN_BENCH_DATASTORE` [`sled`]: `etcd` runs the measured cairn on an etcd of its own (the
+//!   same binary as the baseline, another instance), so the creates compare the API on etcd with
+//!   raw puts into etcd.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -90,7 +93,20 @@ fn main() -> Result<()> {
 async fn run(config: &Config) -> Result<Report> {
     progress("footprint: idle RSS of a fresh server");
     let footprint = footprint().await?;
-    let cairn = Cairn::start(&["--disable-agent"]).await?;
+    // cairn's own etcd, when it is measured on etcd; kept until the end of the run.
+    let datastore = match config.datastore_etcd {
+        true => {
+            let bin = config.etcd.as_ref().context("CAIRN_BENCH_DATASTORE=etcd needs CAIRN_BENCH_ETCD")?;
+            Some(Etcd::start(bin).await?)
+        }
+        false => None,
+    };
+    let endpoint = datastore.as_ref().map(|e| format!("http://{}", e.endpoint.addr));
+    let mut args = vec!["--disable-agent"];
+    if let Some(endpoint) = &endpoint {
+        args.extend(["--datastore-endpoint", endpoint.as_str()]);
+    }
+    let cairn = Cairn::start(&args).await?;
     let etcd = start_baseline(config).await;
     if let Err(why) = &etcd {
         eprintln!("*** etcd baseline SKIPPED: {why} ***");
@@ -124,13 +140,14 @@ async fn run(config: &Config) -> Result<Report> {
     }
     let baseline = etcd.as_ref().map(|e| e.version.clone()).map_err(Clone::clone);
     drop(etcd);
+    let apply = apply(&cairn.endpoint, &pod, config).await?;
     progress(&format!("list: filling {LIST_NAMESPACE} with {} pods", config.list_pods));
     let lists = list(&cairn.endpoint, &pod, config).await?;
     progress(&format!("watch: {} watchers, {} writes", config.watchers, config.watch_writes));
     let watch = watch(&cairn.endpoint, &pod, config).await?;
     drop(cairn);
     let authz = authorization(&pod, config).await?;
-    Ok(Report { pod_bytes: pod.render("bench-1-0").len(), footprint, creates, lists, watch, baseline, authz })
+    Ok(Report { pod_bytes: pod.render("bench-1-0").len(), footprint, creates, apply, lists, watch, baseline, authz })
 }
 
 /// Starts the etcd baseline, or says why there is none.
@@ -167,6 +184,7 @@ struct Config {
     watchers: usize,
     watch_writes: usize,
     etcd: Option<PathBuf>,
+    datastore_etcd: bool,
     authz_creates: usize,
     authz_bindings: usize,
 }
@@ -190,6 +208,11 @@ impl Config {
             watchers: env_num("CAIRN_BENCH_WATCHERS", 100)?.max(1),
             watch_writes: env_num("CAIRN_BENCH_WATCH_WRITES", 20)?.max(1),
             etcd: (!etcd.is_empty()).then(|| PathBuf::from(etcd)),
+            datastore_etcd: match env_or("CAIRN_BENCH_DATASTORE", "sled").as_str() {
+                "sled" => false,
+                "etcd" => true,
+                other => bail!("CAIRN_BENCH_DATASTORE={other:?}: give sled or etcd"),
+            },
             authz_creates: env_num("CAIRN_BENCH_AUTHZ_CREATES", 5000)?.max(1),
             authz_bindings: env_num("CAIRN_BENCH_AUTHZ_BINDINGS", 1000)?,
         })
@@ -278,16 +301,21 @@ struct Req {
     method: Method,
     path: String,
     accept: &'static str,
+    content_type: &'static str,
     body: Bytes,
 }
 
 impl Req {
     fn get(path: impl Into<String>, accept: &'static str) -> Self {
-        Self { method: Method::GET, path: path.into(), accept, body: Bytes::new() }
+        Self { method: Method::GET, path: path.into(), accept, content_type: JSON, body: Bytes::new() }
     }
 
     fn post(path: impl Into<String>, body: impl Into<Bytes>) -> Self {
-        Self { method: Method::POST, path: path.into(), accept: JSON, body: body.into() }
+        Self { method: Method::POST, path: path.into(), accept: JSON, content_type: JSON, body: body.into() }
+    }
+
+    fn patch(path: impl Into<String>, content_type: &'static str, body: impl Into<Bytes>) -> Self {
+        Self { method: Method::PATCH, path: path.into(), accept: JSON, content_type, body: body.into() }
     }
 }
 
@@ -307,7 +335,7 @@ impl Conn {
             .header(header::HOST, &self.host)
             .header(header::ACCEPT, req.accept);
         if !req.body.is_empty() {
-            builder = builder.header(header::CONTENT_TYPE, JSON);
+            builder = builder.header(header::CONTENT_TYPE, req.content_type);
         }
         Ok(self.sender.send_request(builder.body(Full::new(req.body))?).await?)
     }
@@ -894,6 +922,7 @@ struct Report {
     pod_bytes: usize,
     footprint: Footprint,
     creates: Vec<CreateLevel>,
+    apply: ApplyRun,
     lists: Vec<ListRuns>,
     watch: WatchRun,
     /// The etcd version, or why the baseline was skipped.
@@ -927,11 +956,18 @@ impl Report {
             Ok(version) => format!("{version}, puts of the same pod JSON via POST /v3/kv/put"),
             Err(why) => format!("SKIPPED ({why})"),
         };
-        let _ = writeln!(t, "\ncairn API benchmark: {} CPU(s), pod JSON {} bytes", cpus(), self.pod_bytes);
+        let store = if config.datastore_etcd { "etcd (an instance of its own)" } else { "sled" };
+        let _ = writeln!(
+            t,
+            "\ncairn API benchmark: {} CPU(s), pod JSON {} bytes, cairn's datastore: {store}",
+            cpus(),
+            self.pod_bytes
+        );
         let _ = writeln!(t, "clients: one task with its own keep-alive HTTP/1.1 connection each (TLS for cairn)");
         let _ = writeln!(t, "baseline: {baseline}");
         self.creates_table(&mut t);
         self.cpu_table(&mut t);
+        self.apply.table(&mut t);
         self.list_table(&mut t, config);
         self.watch_table(&mut t);
         self.authz.table(&mut t, config);
@@ -1033,11 +1069,13 @@ impl Report {
         let w = &self.watch;
         json!({
             "cpus": cpus(),
+            "datastore": if config.datastore_etcd { "etcd" } else { "sled" },
             "pod_json_bytes": self.pod_bytes,
             "connections": "one keep-alive HTTP/1.1 connection per client (TLS with client certificate for cairn)",
             "baseline": self.baseline.as_ref().ok(),
             "baseline_skipped": self.baseline.as_ref().err(),
             "creates": creates,
+            "apply": self.apply.to_json(),
             "list": {"pods": config.list_pods, "runs": config.list_runs, "formats": lists},
             "watch": {
                 "watchers": w.watchers,
@@ -1053,6 +1091,94 @@ impl Report {
             "binary_bytes": self.footprint.binary_bytes,
         })
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Server-side apply
+
+/// Pods the apply runs spread their requests over (few enough to be hot, enough that 16 clients
+/// rarely write one pod at once).
+const APPLY_PODS: usize = 256;
+const APPLY: &str = "application/apply-patch+yaml";
+const MERGE_PATCH: &str = "application/merge-patch+json";
+
+/// Server-side apply against a JSON merge patch of the same change (one label's value).
+struct ApplyRun {
+    apply: Load,
+    merge: Load,
+    /// `GET /openapi/v2` as protobuf, from memory once generated.
+    openapi_v2_proto: Load,
+}
+
+impl ApplyRun {
+    fn ratio(&self) -> f64 {
+        self.apply.per_sec() / self.merge.per_sec().max(f64::MIN_POSITIVE)
+    }
+
+    fn table(&self, t: &mut String) {
+        let _ = writeln!(
+            t,
+            "\nserver-side apply of the whole pod vs JSON merge patch of the same change, {APPLY_PODS} pods"
+        );
+        let _ = writeln!(t, "clients  requests     ok   per s  p50 ms  p99 ms  err");
+        for (what, l) in [("apply", &self.apply), ("merge", &self.merge)] {
+            let _ = writeln!(t, "{:>7}  {:>8}  {}  {what}", l.clients, l.requests, load_cells(l));
+        }
+        let _ = writeln!(t, "  apply/merge {:.2}x", self.ratio());
+        let o = &self.openapi_v2_proto;
+        let _ = writeln!(
+            t,
+            "GET /openapi/v2 as protobuf: p50 {:.2} ms, p99 {:.2} ms ({} requests)",
+            ms(percentile(&o.latencies, 0.5)),
+            ms(percentile(&o.latencies, 0.99)),
+            o.ok()
+        );
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "pods": APPLY_PODS,
+            "apply": self.apply.to_json(),
+            "merge_patch": self.merge.to_json(),
+            "apply_to_merge": self.ratio(),
+            "openapi_v2_protobuf": self.openapi_v2_proto.to_json(),
+        })
+    }
+}
+
+async fn apply(endpoint: &Endpoint, pod: &PodTemplate, config: &Config) -> Result<ApplyRun> {
+    let clients = 16;
+    let requests = config.creates;
+    progress(&format!(
+        "apply: {APPLY_PODS} pods, then {requests} applies and as many merge patches, {clients} clients"
+    ));
+    let path = |i: usize| format!("/api/v1/namespaces/default/pods/apply-{}?fieldManager=bench", i % APPLY_PODS);
+    // The whole pod, with label `rev` set to the request's number: the object changes every time.
+    let base: Value = serde_json::from_str(&pod.render("apply"))?;
+    let applied = move |i: usize| {
+        let mut v = base.clone();
+        v["metadata"]["name"] = json!(format!("apply-{}", i % APPLY_PODS));
+        v["metadata"]["labels"]["rev"] = json!(i.to_string());
+        v.to_string()
+    };
+    let seed: MakeReq = {
+        let applied = applied.clone();
+        Arc::new(move |i| Req::patch(path(i), APPLY, applied(i)))
+    };
+    run_load(endpoint, clients, APPLY_PODS, config.level_limit, (seed, StatusCode::CREATED)).await?;
+    let apply_req: MakeReq = Arc::new(move |i| Req::patch(path(i), APPLY, applied(i + APPLY_PODS)));
+    let apply = run_load(endpoint, clients, requests, config.level_limit, (apply_req, StatusCode::OK)).await?;
+    let merge_req: MakeReq = Arc::new(move |i| {
+        let body = json!({"metadata": {"labels": {"rev": format!("m{i}")}}}).to_string();
+        Req::patch(format!("/api/v1/namespaces/default/pods/apply-{}", i % APPLY_PODS), MERGE_PATCH, body)
+    });
+    let merge = run_load(endpoint, clients, requests, config.level_limit, (merge_req, StatusCode::OK)).await?;
+    let proto = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+    let openapi: MakeReq = Arc::new(move |_| Req::get("/openapi/v2", proto));
+    // The first request generates the documents; the measured ones are served from memory.
+    run_load(endpoint, 1, 1, config.level_limit, (openapi.clone(), StatusCode::OK)).await?;
+    let openapi_v2_proto = run_load(endpoint, 1, 50, config.level_limit, (openapi, StatusCode::OK)).await?;
+    Ok(ApplyRun { apply, merge, openapi_v2_proto })
 }
 
 /// `ok  per s  p50  p99  err` of one load run.

@@ -23,8 +23,11 @@ use crate::runtime;
 /// Everything `cairn agent` needs, after flags and the config file are merged.
 #[derive(Debug)]
 pub struct AgentConfig {
-    /// `--server`, without a trailing slash.
+    /// `--server`, without a trailing slash: the first of `servers`.
     pub server: String,
+    /// Every server `--server` names; with more than one, the node reaches them through a local
+    /// load balancer that moves on to the next when one is gone.
+    pub servers: Vec<String>,
     pub token: JoinToken,
     pub node: NodeConfig,
 }
@@ -62,6 +65,9 @@ pub async fn run(cfg: AgentConfig) -> Result<()> {
 pub async fn start(mut cfg: AgentConfig, shutdown: CancellationToken) -> Result<tokio::task::JoinHandle<()>> {
     let started = std::time::Instant::now();
     let dir = cfg.node.data_dir.join("agent");
+    if cfg.servers.len() > 1 {
+        cfg.server = crate::client::balancer::start(&cfg.servers, shutdown.clone()).await?;
+    }
     let join = Join {
         server: cfg.server.clone(),
         token: cfg.token.clone(),

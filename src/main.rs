@@ -59,6 +59,56 @@ enum Command {
     /// Print a kubeconfig for a user, with a new client certificate from the cluster CA (run on
     /// the server, as its user); what the user may do is up to RBAC
     Kubeconfig(KubeconfigArgs),
+    /// Move a cluster between datastores
+    #[command(subcommand)]
+    Datastore(DatastoreCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum DatastoreCommand {
+    /// Copy every object of the embedded store into an etcd cairn has not used (the server must be
+    /// stopped); then start it with --datastore-endpoint and the same --data-dir
+    Migrate(MigrateArgs),
+}
+
+#[derive(Args, Debug)]
+struct MigrateArgs {
+    /// The server's data directory [default: /var/lib/cairn as root, else ~/.cairn]
+    #[arg(long, env = "CAIRN_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// The etcd to copy into: comma-separated http:// or https:// URLs of its members (etcd:// is
+    /// taken as http://)
+    #[arg(long)]
+    to: String,
+    #[command(flatten)]
+    datastore_tls: DatastoreTls,
+}
+
+/// TLS for etcd (k3s's flag names).
+#[derive(Args, Debug, Clone)]
+struct DatastoreTls {
+    /// CA certificate that etcd's serving certificates are checked against
+    #[arg(long)]
+    datastore_cafile: Option<PathBuf>,
+    /// Client certificate presented to etcd
+    #[arg(long)]
+    datastore_certfile: Option<PathBuf>,
+    /// Key of the client certificate presented to etcd
+    #[arg(long)]
+    datastore_keyfile: Option<PathBuf>,
+}
+
+impl DatastoreTls {
+    /// The etcd of `endpoints` reached with these files.
+    fn etcd(&self, endpoints: Vec<String>) -> store::etcd::Config {
+        store::etcd::Config {
+            endpoints,
+            ca_file: self.datastore_cafile.clone(),
+            cert_file: self.datastore_certfile.clone(),
+            key_file: self.datastore_keyfile.clone(),
+            prefix: store::etcd::DEFAULT_PREFIX.into(),
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -275,7 +325,8 @@ struct NodeArgs {
 struct AgentArgs {
     #[command(flatten)]
     node: NodeArgs,
-    /// The server to join, e.g. https://10.0.0.1:6443
+    /// The server to join, e.g. https://10.0.0.1:6443; several servers of one cluster
+    /// comma-separated, the next used when one cannot be reached
     #[arg(short = 's', long, env = "CAIRN_URL")]
     server: String,
     /// The join token: the full K10<sha256 of the CA>::server:<secret> from the server's <data-dir>/server/token (a bare secret works too, without checking the server's CA)
@@ -358,19 +409,17 @@ struct ServerArgs {
     /// kube-controller-manager's: how long a node may send no heartbeat before it is Unknown, tainted and its pods evicted
     #[arg(long, default_value = "50s", value_parser = parse_duration)]
     node_monitor_grace_period: std::time::Duration,
+    /// A server of the cluster to join: this server then keeps the cluster in the same etcd (with
+    /// its own --datastore-cafile/-certfile/-keyfile, if etcd wants them), with the same CA and keys
+    /// (needs --token, that server's)
+    #[arg(short = 's', long, env = "CAIRN_URL")]
+    server: Option<String>,
     /// etcd to keep the cluster in instead of the embedded store: comma-separated http:// or https://
     /// URLs of its members (k3s's flag)
     #[arg(long, env = "CAIRN_DATASTORE_ENDPOINT")]
     datastore_endpoint: Option<String>,
-    /// CA certificate that etcd's serving certificates are checked against
-    #[arg(long)]
-    datastore_cafile: Option<PathBuf>,
-    /// Client certificate presented to etcd
-    #[arg(long)]
-    datastore_certfile: Option<PathBuf>,
-    /// Key of the client certificate presented to etcd
-    #[arg(long)]
-    datastore_keyfile: Option<PathBuf>,
+    #[command(flatten)]
+    datastore_tls: DatastoreTls,
     /// The issuer (`iss`) of service account tokens, and of their OIDC discovery document
     #[arg(long, default_value = api::sa_token::DEFAULT_ISSUER)]
     service_account_issuer: String,
@@ -586,6 +635,13 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         if is_root() { PathBuf::from("/etc/cairn/cairn.yaml") } else { data_dir.join("kubeconfig.yaml") }
     });
     let token = token_of(&args.token, &args.token_file)?;
+    if args.server.is_some() && token.is_none() {
+        anyhow::bail!("joining the server at --server needs its token: give --token or --token-file");
+    }
+    let join = args.server.as_ref().map(|s| server::JoinServer {
+        url: s.trim_end_matches('/').to_string(),
+        datastore: args.datastore_tls.etcd(Vec::new()),
+    });
     let scheduler = match (args.disable_scheduler, &args.scheduler_config) {
         (true, _) => None,
         (false, Some(path)) => Some(scheduler::Config::load(path)?),
@@ -675,16 +731,15 @@ fn server_config(args: ServerArgs) -> Result<server::ServerConfig> {
         flannel_backend: args.flannel_backend,
         authorization: args.authorization_mode.clone(),
         service_account_issuer: args.service_account_issuer.clone(),
+        join,
         datastore: match &args.datastore_endpoint {
             None => None,
-            Some(endpoints) => Some(store::etcd::Config {
-                endpoints: store::etcd::Config::parse_endpoints(endpoints)
-                    .map_err(|e| anyhow::anyhow!("invalid --datastore-endpoint: {e}"))?,
-                ca_file: args.datastore_cafile.clone(),
-                cert_file: args.datastore_certfile.clone(),
-                key_file: args.datastore_keyfile.clone(),
-                prefix: store::etcd::DEFAULT_PREFIX.into(),
-            }),
+            Some(endpoints) => Some(
+                args.datastore_tls.etcd(
+                    store::etcd::Config::parse_endpoints(endpoints)
+                        .map_err(|e| anyhow::anyhow!("invalid --datastore-endpoint: {e}"))?,
+                ),
+            ),
         },
         token_policy: registry::token_request::TokenPolicy {
             audiences: args.api_audiences.iter().filter(|a| !a.is_empty()).cloned().collect(),
@@ -700,13 +755,17 @@ fn agent_config(args: AgentArgs) -> Result<join::AgentConfig> {
     let token = token_of(&args.token, &args.token_file)?
         .context("a joining node needs the server's token: give --token or --token-file (CAIRN_TOKEN)")?;
     let token = api::pki::JoinToken::parse(&token).map_err(|e| anyhow::anyhow!("invalid --token: {e}"))?;
-    let server = args.server.trim_end_matches('/').to_string();
-    if !server.starts_with("https://") {
-        anyhow::bail!("invalid --server {server:?}: expected the server's HTTPS URL, such as https://10.0.0.1:6443");
+    let servers: Vec<String> =
+        args.server.split(',').map(|s| s.trim().trim_end_matches('/').to_string()).filter(|s| !s.is_empty()).collect();
+    if let Some(bad) = servers.iter().find(|s| !s.starts_with("https://")) {
+        anyhow::bail!("invalid --server {bad:?}: expected the server's HTTPS URL, such as https://10.0.0.1:6443");
+    }
+    if servers.is_empty() {
+        anyhow::bail!("--server is empty: give the server's HTTPS URL, such as https://10.0.0.1:6443");
     }
     // The cluster CIDR is the server's; the node takes the range the server gives it.
     let node = node_config(&args.node, parse_cluster_cidr("10.42.0.0/16")?, false)?;
-    Ok(join::AgentConfig { server, token, node })
+    Ok(join::AgentConfig { server: servers[0].clone(), servers, token, node })
 }
 
 fn init_logging(filter: &str) {
@@ -748,6 +807,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => run_bench(args),
         Command::CsiHostpath(args) => run_csi_hostpath(args),
         Command::Kubeconfig(args) => run_kubeconfig(args),
+        Command::Datastore(DatastoreCommand::Migrate(args)) => run_migrate(args),
         Command::CheckConfig => {
             let items = runtime::check_config::report(&runtime::check_config::Kernel::read(std::path::Path::new("/")));
             return if runtime::check_config::print(&items) {
@@ -764,6 +824,33 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn run_migrate(args: MigrateArgs) -> Result<()> {
+    init_logging("info");
+    let to = args.to.replace("etcd://", "http://");
+    let target = args
+        .datastore_tls
+        .etcd(store::etcd::Config::parse_endpoints(&to).map_err(|e| anyhow::anyhow!("invalid --to: {e}"))?);
+    let db = args.data_dir.unwrap_or_else(default_data_dir).join("server").join("db");
+    if !db.exists() {
+        anyhow::bail!("there is no embedded store at {}: give the server's --data-dir", db.display());
+    }
+    helper_runtime()?.block_on(async {
+        let from = store::Store::open(&db, store::Options::default())
+            .with_context(|| format!("opening {} (is the server still running?)", db.display()))?;
+        let mut shown = 0;
+        let copied = store::etcd::migrate(&from, &target, |done, total| {
+            if done == total || done >= shown + 500 {
+                shown = done;
+                eprintln!("copied {done} of {total} objects");
+            }
+        })
+        .await
+        .context("copying into etcd")?;
+        println!("copied {copied} objects from {} into etcd at {}", db.display(), target.endpoints.join(","));
+        Ok(())
+    })
 }
 
 fn run_kubeconfig(args: KubeconfigArgs) -> Result<()> {

@@ -48,8 +48,18 @@ pub struct ServerConfig {
     pub service_account_issuer: String,
     /// `--datastore-endpoint` and its TLS files: etcd instead of the embedded store.
     pub datastore: Option<store::etcd::Config>,
+    /// `--server`: a server whose datastore this one shares, when `datastore` is not given.
+    pub join: Option<JoinServer>,
     /// `--api-audiences` and the service account token lifetimes.
     pub token_policy: registry::token_request::TokenPolicy,
+}
+
+/// A server to join (`--server`), and how this server reaches the etcd it learns there (its own
+/// TLS files; the endpoints come from that server).
+#[derive(Debug)]
+pub struct JoinServer {
+    pub url: String,
+    pub datastore: store::etcd::Config,
 }
 
 /// How Services are served: their ranges, the cluster DNS and which built-in parts run.
@@ -164,14 +174,26 @@ pub async fn start(cfg: ServerConfig, shutdown: CancellationToken) -> Result<Sta
 }
 
 async fn start_control_plane(
-    cfg: ServerConfig,
+    mut cfg: ServerConfig,
     shutdown: CancellationToken,
     runtime_ready: Option<tokio::sync::oneshot::Receiver<Result<runtime::Cri>>>,
 ) -> Result<Started> {
     std::fs::create_dir_all(cfg.data_dir.join("server"))
         .with_context(|| format!("creating the data directory {}", cfg.data_dir.display()))?;
 
-    let options = store::Options { cache_bytes: cfg.store_cache_mib << 20, ..Default::default() };
+    if let (Some(join), None) = (&cfg.join, &cfg.datastore) {
+        let endpoints = tokio::select! {
+            found = datastore_of(&join.url, cfg.token.as_deref().unwrap_or_default()) => found?,
+            () = shutdown.cancelled() => bail!("stopped while asking {} how to join it", join.url),
+        };
+        let endpoints = store::etcd::Config::parse_endpoints(&endpoints).map_err(anyhow::Error::msg)?;
+        cfg.datastore = Some(store::etcd::Config { endpoints, ..join.datastore.clone() });
+    }
+    let options = store::Options {
+        cache_bytes: cfg.store_cache_mib << 20,
+        expiring: vec![("events/".into(), controllers::EVENT_TTL)],
+        ..Default::default()
+    };
     let store = match &cfg.datastore {
         None => Store::open(&cfg.db_dir(), options)
             .with_context(|| format!("opening the store in {}", cfg.db_dir().display()))?,
@@ -193,24 +215,20 @@ async fn start_control_plane(
     // In-cluster clients reach the API at the `kubernetes` Service's address and check it.
     let mut sans = cfg.tls_san.clone();
     sans.push(cfg.services.ranges.nth_ip(1).to_string());
-    let pki = Arc::new(
-        pki::Pki::load_or_create(&cfg.tls_dir(), &hostname, &node_ips, &sans).context("preparing TLS certificates")?,
-    );
-    let tls = pki.server_config().context("building the TLS configuration")?;
-
-    let secret = match &cfg.token {
-        Some(t) => {
-            let token = pki::JoinToken::parse(t).map_err(|e| anyhow::anyhow!("invalid --token: {e}"))?;
-            let ours = pki::ca_hash(pki.ca_pem());
-            if let Some(hash) = token.ca_hash.filter(|h| *h != ours) {
-                bail!(
-                    "the --token pins the CA {hash}, but this server's CA is {ours}: the token belongs to another server"
-                );
-            }
-            token.secret
-        }
+    let token = match &cfg.token {
+        Some(t) => Some(pki::JoinToken::parse(t).map_err(|e| anyhow::anyhow!("invalid --token: {e}"))?),
+        None => None,
+    };
+    let secret = match &token {
+        Some(token) => token.secret.clone(),
         None => load_or_create_secret(&cfg.token_file())?,
     };
+    let (pki, issuer) = load_keys(&cfg, &store, &secret, &hostname, &node_ips, &sans).await?;
+    let tls = pki.server_config().context("building the TLS configuration")?;
+    let ours = pki::ca_hash(pki.ca_pem());
+    if let Some(hash) = token.and_then(|t| t.ca_hash).filter(|h| *h != ours) {
+        bail!("the --token pins the CA {hash}, but this server's CA is {ours}: the token belongs to another server");
+    }
     // The file always holds the full token, pinning this server's CA (k3s's `server/token`).
     let full = pki::JoinToken::full(pki.ca_pem(), &secret);
     write_token(&cfg.token_file(), &full)?;
@@ -234,7 +252,11 @@ async fn start_control_plane(
     } else {
         local
     };
-    registry::bootstrap::kubernetes_service(&registry, advertised).await.context("creating the kubernetes Service")?;
+    // With servers sharing the store, the endpoints list every live one (see below).
+    let shared = registry.store().is_shared();
+    registry::bootstrap::kubernetes_service(&registry, advertised, !shared)
+        .await
+        .context("creating the kubernetes Service")?;
     if cfg.services.dns {
         registry::bootstrap::kube_dns_service(&registry, cfg.services.cluster_dns)
             .await
@@ -246,20 +268,41 @@ async fn start_control_plane(
     );
     let _ = state.node_client.set(api::node_client::NodeClient::new(pki.clone()));
     let _ = state.pki.set(pki.clone());
-    let issuer = api::sa_token::ServiceAccountTokens::load_or_create(
-        &cfg.tls_dir(),
-        &cfg.service_account_issuer,
-        cfg.token_policy.clone(),
-    )
-    .context("loading the service account key")?;
-    let issuer = Arc::new(issuer);
+    if let Some(etcd) = &cfg.datastore {
+        let _ = state.datastore_endpoint.set(etcd.endpoints.join(","));
+    }
     let _ = state.sa_tokens.set(issuer.clone());
     let app = api::router(state.clone());
-    if let Some(config) = &cfg.scheduler {
+    // On etcd other servers may share the cluster: the scheduler and the controllers then run where
+    // they hold their Lease, as kube-scheduler's and kube-controller-manager's `--leader-elect`.
+    let elect = cfg.datastore.is_some();
+    if let Some(config) = cfg.scheduler.take() {
         let client = client::in_process(app.clone(), client::scheduler());
-        scheduler::Scheduler::start(client, config, &cfg.node_name, shutdown.clone())?;
+        let node_name = cfg.node_name.clone();
+        if elect {
+            let election = client::leader::Election::new("kube-scheduler", &cfg.node_name);
+            let stop = shutdown.clone();
+            tokio::spawn(client::leader::run(client.clone(), election, shutdown.clone(), move |term| {
+                if let Err(e) = scheduler::Scheduler::start(client.clone(), &config, &node_name, term) {
+                    tracing::error!("starting the scheduler: {e:#}");
+                    stop.cancel();
+                }
+            }));
+        } else {
+            scheduler::Scheduler::start(client, &config, &node_name, shutdown.clone())?;
+        }
     }
-    let done = tokio::spawn(api::serve(listener, tls, app.clone(), shutdown.clone()));
+    let mut done = tokio::spawn(api::serve(listener, tls, app.clone(), shutdown.clone()));
+    if shared && !(advertised.ip().is_loopback() || advertised.ip().is_unspecified()) {
+        let client = client::in_process(app.clone(), client::controller_manager());
+        let endpoints = tokio::spawn(controllers::apiserverendpoints::run(client, advertised, shutdown.clone()));
+        let api = done;
+        // Stopping waits for this server to leave the endpoints.
+        done = tokio::spawn(async move {
+            let _ = api.await;
+            let _ = endpoints.await;
+        });
+    }
     let cluster = cfg.cluster();
     if let Some(c) = &cluster {
         let _ = state.cluster.set(c.clone());
@@ -314,7 +357,15 @@ async fn start_control_plane(
             })
         },
     };
-    controllers::spawn_all(&controller_client, &options, &shutdown);
+    if elect {
+        let election = client::leader::Election::new("kube-controller-manager", &cfg.node_name);
+        let client = controller_client.clone();
+        tokio::spawn(client::leader::run(controller_client, election, shutdown.clone(), move |term| {
+            controllers::spawn_all(&client, &options, &term)
+        }));
+    } else {
+        controllers::spawn_all(&controller_client, &options, &shutdown);
+    }
     let kubeconfig = cfg.write_kubeconfig.clone();
     let renew_url = url.clone();
     let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, move |p| {
@@ -329,6 +380,80 @@ async fn start_control_plane(
     });
     state.ready.store(true, Ordering::Release);
     Ok(Started { url, kubeconfig: cfg.write_kubeconfig, done })
+}
+
+/// The cluster CA with this server's certificates, and the service account key. On a shared
+/// datastore they are the cluster's: taken from it when another server put them there, else this
+/// server's own, put there for the next (k3s's bootstrap data).
+async fn load_keys(
+    cfg: &ServerConfig,
+    store: &Store,
+    secret: &str,
+    hostname: &str,
+    node_ips: &[IpAddr],
+    sans: &[String],
+) -> Result<(Arc<pki::Pki>, Arc<api::sa_token::ServiceAccountTokens>)> {
+    let dir = cfg.tls_dir();
+    let load = || -> Result<_> {
+        let pki = pki::Pki::load_or_create(&dir, hostname, node_ips, sans).context("preparing TLS certificates")?;
+        let issuer = api::sa_token::ServiceAccountTokens::load_or_create(
+            &dir,
+            &cfg.service_account_issuer,
+            cfg.token_policy.clone(),
+        )
+        .context("loading the service account key")?;
+        Ok((Arc::new(pki), Arc::new(issuer)))
+    };
+    let key = api::shared_keys::DATASTORE_KEY;
+    let install = |sealed: &[u8]| -> Result<()> {
+        if api::shared_keys::install(&dir, sealed, secret)? {
+            tracing::info!("took the cluster CA and service account key from the datastore");
+        }
+        Ok(())
+    };
+    if !store.is_shared() {
+        return load();
+    }
+    if let Some(sealed) = store.shared(key).await.context("reading the cluster's keys from the datastore")? {
+        install(&sealed)?;
+        return load();
+    }
+    let keys = load()?;
+    let sealed = api::shared_keys::seal(&dir, secret)?;
+    let held = store.share(key, sealed.clone()).await.context("putting the cluster's keys in the datastore")?;
+    if held == sealed {
+        tracing::info!("put the cluster CA and service account key in the datastore for other servers");
+        return Ok(keys);
+    }
+    // Another server was first.
+    install(&held)?;
+    load()
+}
+
+/// The etcd of the cluster the server at `server` belongs to, asked with its join `token` (k3s's
+/// `--server` on a server), retried while that server cannot be reached.
+async fn datastore_of(server: &str, token: &str) -> Result<String> {
+    let token = pki::JoinToken::parse(token).map_err(|e| anyhow::anyhow!("invalid --token: {e}"))?;
+    let mut wait = std::time::Duration::from_secs(1);
+    loop {
+        match crate::agent::credentials::server_bootstrap(server, &token).await {
+            Ok(answer) => {
+                return answer.datastore_endpoint.with_context(|| {
+                    format!(
+                        "the server at {server} keeps its cluster in its embedded store, which no other server can \
+                         share: start the first server with --datastore-endpoint (etcd), or move it there with \
+                         `cairn datastore migrate`"
+                    )
+                });
+            }
+            Err(e) if e.is::<crate::agent::credentials::Refused>() => return Err(e),
+            Err(e) => {
+                tracing::warn!("cannot join the server at {server}: {e:#}; trying again in {}s", wait.as_secs());
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(30));
+            }
+        }
+    }
 }
 
 /// The join token's secret: the one in the token file (full or bare), or a new one on first start.

@@ -614,3 +614,94 @@ async fn anonymous_requests_see_only_health_and_version() {
     let pods: Value = admin.request(get("/api/v1/pods")).await.unwrap();
     assert_eq!(pods["kind"], "PodList");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_is_served_as_protobuf_with_an_etag() {
+    let server = Server::start();
+    let client = server.client().await;
+    let get = |accept: &str, etag: Option<&str>| {
+        let mut req = Request::get("/openapi/v2").header(http::header::ACCEPT, accept);
+        if let Some(etag) = etag {
+            req = req.header(http::header::IF_NONE_MATCH, etag);
+        }
+        req.body(Vec::new()).unwrap()
+    };
+    // kubectl asks under the deprecated name and is answered under the current one.
+    let proto = client
+        .send(get("application/com.github.proto-openapi.spec.v2@v1.0+protobuf", None).map(kube::client::Body::from))
+        .await
+        .unwrap();
+    assert_eq!(proto.status(), 200);
+    assert_eq!(proto.headers()[CONTENT_TYPE], "application/com.github.proto-openapi.spec.v2.v1.0+protobuf");
+    let etag = proto.headers()[http::header::ETAG].to_str().unwrap().to_string();
+    let body = http_body_util::BodyExt::collect(proto.into_body()).await.unwrap().to_bytes();
+    // Field 1 of gnostic's Document, the Swagger version "2.0", then the definitions the kinds need.
+    assert_eq!(&body[..5], b"\x0a\x032.0");
+    assert!(body.windows(22).any(|w| w == b"io.k8s.api.core.v1.Pod"));
+
+    let again = client
+        .send(
+            get("application/com.github.proto-openapi.spec.v2.v1.0+protobuf", Some(&etag))
+                .map(kube::client::Body::from),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
+    let json = client.send(get("application/json", None).map(kube::client::Body::from)).await.unwrap();
+    assert_eq!(json.headers()[CONTENT_TYPE], "application/json");
+    assert_ne!(json.headers()[http::header::ETAG].to_str().unwrap(), etag);
+    let html = client.send(get("text/html", None).map(kube::client::Body::from)).await.unwrap();
+    assert_eq!(html.status(), 406);
+
+    // Each OpenAPI v3 document too, in gnostic's openapi.v3 messages.
+    let v3 = Request::get("/openapi/v3/api/v1")
+        .header(http::header::ACCEPT, "application/com.github.proto-openapi.spec.v3@v1.0+protobuf")
+        .body(kube::client::Body::from(Vec::new()))
+        .unwrap();
+    let v3 = client.send(v3).await.unwrap();
+    assert_eq!(v3.headers()[CONTENT_TYPE], "application/com.github.proto-openapi.spec.v3.v1.0+protobuf");
+    let body = http_body_util::BodyExt::collect(v3.into_body()).await.unwrap().to_bytes();
+    assert_eq!(&body[..7], b"\x0a\x053.0.0");
+    assert!(body.windows(28).any(|w| w == b"io.k8s.api.core.v1.ConfigMap"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_apply_through_kube_rs() {
+    let server = Server::start();
+    let client = server.client().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let config =
+        |data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": data});
+
+    // An apply creates the object, owned by its manager.
+    let made =
+        cms.patch("ssa", &PatchParams::apply("operator"), &Patch::Apply(config(json!({"a": "1"})))).await.unwrap();
+    let managers: Vec<(String, String)> = made
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| (m.manager.clone().unwrap_or_default(), m.operation.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(managers, [("operator".to_string(), "Apply".to_string())]);
+    // A body naming another object, and an apply without a manager, are refused.
+    let other = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "elsewhere"}});
+    let status = api_error(cms.patch("ssa", &PatchParams::apply("operator"), &Patch::Apply(other)).await);
+    assert_status(&status, 400, "BadRequest");
+    assert!(status.message.contains("does not match the name on the URL"), "{}", status.message);
+    let raw = Request::patch("/api/v1/namespaces/default/configmaps/ssa")
+        .header(CONTENT_TYPE, "application/apply-patch+yaml")
+        .body(config(json!({"a": "2"})).to_string().into_bytes())
+        .unwrap();
+    let status = api_error(client.request_text(raw).await);
+    assert_status(&status, 422, "Invalid");
+    assert!(status.message.contains("fieldManager: Required value: is required for apply patch"), "{}", status.message);
+    // Applying the status of a pod that does not exist is a 404, and creates nothing.
+    let status_config =
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ghost"}, "status": {"phase": "Running"}});
+    let status =
+        api_error(pods.patch_status("ghost", &PatchParams::apply("operator"), &Patch::Apply(status_config)).await);
+    assert_status(&status, 404, "NotFound");
+    assert!(pods.get_opt("ghost").await.unwrap().is_none());
+}

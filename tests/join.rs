@@ -1,10 +1,11 @@
 //! End to end: nodes joining a server (`cairn agent --server URL --token-file F`). A server without
 //! an agent of its own, and agents each in a network namespace the test makes (joined by veth
 //! pairs to a bridge the test makes), each with its own data directory, containerd, cgroup root
-//! and kubelet root: one machine standing in for a small site.
+//! and kubelet root: one machine standing in for a small site. One test runs two servers of one
+//! cluster on an etcd member and an agent naming both.
 //!
-//! Needs root, containerd, runc, iproute2, util-linux's nsenter and busybox-static (`.ci/run`
-//! installs them).
+//! Needs root, containerd, runc, iproute2, util-linux's nsenter, busybox-static and etcd-server
+//! (`.ci/run` installs them).
 
 mod common;
 
@@ -124,14 +125,19 @@ struct Agent {
 
 impl Agent {
     fn start(lab: &Lab, server: &Server, name: &str) -> Agent {
+        Agent::start_on(lab, &[server], name)
+    }
+
+    /// An agent naming each of `servers` (of one cluster), with the first one's token.
+    fn start_on(lab: &Lab, servers: &[&Server], name: &str) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let images = dir.path().join("data/agent/images");
         std::fs::create_dir_all(&images).unwrap();
         std::fs::write(images.join("busybox.tar"), busybox::busybox_image()).unwrap();
-        let port = server.url.rsplit(':').next().unwrap().to_string();
-        let url = format!("https://{}:{port}", lab.gateway());
-        let mut command = agent_command(&dir, name, &url);
-        command.arg("--token-file").arg(server.dir.path().join("data/server/token"));
+        let url = |s: &&Server| format!("https://{}:{}", lab.gateway(), s.url.rsplit(':').next().unwrap());
+        let urls = servers.iter().map(url).collect::<Vec<_>>().join(",");
+        let mut command = agent_command(&dir, name, &urls);
+        command.arg("--token-file").arg(servers[0].dir.path().join("data/server/token"));
         let netns = lab.netns(name);
         let child = spawn_in(&netns, &command, &dir.path().join("agent.log"));
         Agent { name: name.to_string(), dir, child: Some(child), netns, command }
@@ -224,8 +230,11 @@ fn within<T>(secs: u64, mut f: impl FnMut() -> Option<T>, context: impl Fn() -> 
     }
 }
 
+/// The status of the Node's condition `kind`; empty while the Node is not there (an agent's
+/// credentials are issued a moment before it registers its Node) or the condition not yet set.
 fn node_condition(s: &Server, node: &str, kind: &str) -> String {
-    s.ok(&["get", "node", node, "-o", &format!("jsonpath={{.status.conditions[?(@.type==\"{kind}\")].status}}")])
+    let jsonpath = format!("jsonpath={{.status.conditions[?(@.type==\"{kind}\")].status}}");
+    String::from_utf8_lossy(&s.kubectl(&["get", "node", node, "-o", &jsonpath]).stdout).into_owned()
 }
 
 fn pod(s: &Server, name: &str) -> Value {
@@ -682,4 +691,88 @@ fn nodes_on_different_networks_reach_each_others_pods_through_vxlan() {
     server.ok(&["delete", "node", "far"]);
     within(30, || (!ip(&["link", "show", "cairn.1"]).0).then_some(()), || near.log());
     assert_eq!(ip(&["route", "show", "proto", "202"]).1.trim(), "");
+}
+
+/// One etcd member on free loopback ports (Debian's `etcd-server`), for servers sharing a cluster;
+/// killed when dropped.
+struct Etcd {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (client, peer) = (format!("http://127.0.0.1:{}", port()), format!("http://127.0.0.1:{}", port()));
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(std::env::var_os("ETCD").unwrap_or_else(|| "/usr/bin/etcd".into()))
+            .arg("--data-dir")
+            .arg(dir.path().join("etcd"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("default={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd-server is needed (/usr/bin/etcd, or $ETCD)");
+        Etcd { child, url: client, _dir: dir }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two servers of one cluster (on one etcd) and an agent naming both: the kubernetes Service lists
+/// both servers; the server the agent talks to is killed with SIGKILL; the node moves on to the
+/// other (its load balancer says so), stays Ready, and runs a pod created through the survivor; the
+/// dead server leaves the kubernetes Service.
+#[test]
+fn an_agent_naming_two_servers_moves_to_the_other_when_one_dies() {
+    let mut lab = Lab::new(4);
+    let etcd = Etcd::start();
+    let common = ["--bind-address", "0.0.0.0", "--tls-san", &lab.gateway(), "--cluster-cidr", "10.62.0.0/16"];
+    let first = [&common[..], &["--datastore-endpoint", &etcd.url]].concat();
+    let a = Server::start_with(tempfile::tempdir().unwrap(), &first);
+    let token = std::fs::read_to_string(a.dir.path().join("data/server/token")).unwrap();
+    let second = [&common[..], &["--server", &a.url, "--token", token.trim()]].concat();
+    let b = Server::start_with(tempfile::tempdir().unwrap(), &second);
+    lab.add_node("d");
+    let d = Agent::start_on(&lab, &[&a, &b], "d");
+    let ready = |s: &Server| {
+        let out = s.kubectl(&["get", "node", "d", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]);
+        String::from_utf8_lossy(&out.stdout) == "True"
+    };
+    within(60, || ready(&b).then_some(()), || d.log());
+    // In-cluster clients reach both servers: the kubernetes Service lists each.
+    let port = |s: &Server| s.url.rsplit(':').next().unwrap().to_string();
+    let api_ports = |s: &Server| {
+        let out = s.kubectl(&["get", "endpoints", "kubernetes", "-o", "jsonpath={.subsets[*].ports[*].port}"]);
+        let mut ports: Vec<String> =
+            String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect();
+        ports.sort();
+        ports
+    };
+    let mut both = vec![port(&a), port(&b)];
+    both.sort();
+    within(30, || (api_ports(&b) == both).then_some(()), || b.log());
+    a.ok(&["create", "secret", "generic", "greeting", "--from-literal=word=hello"]);
+    a.ok_stdin(&["apply", "-f", "-"], &pod_yaml("before", "d", "echo $GREETING && exec sleep 3600", "[]"));
+    within(90, || running(&a, "before"), || d.log());
+
+    let a_port = port(&a);
+    drop(a.kill9());
+    b.ok_stdin(&["apply", "-f", "-"], &pod_yaml("after", "d", "echo $GREETING-again && exec sleep 3600", "[]"));
+    within(90, || running(&b, "after"), || d.log() + "\n--- server ---\n" + &b.log());
+    assert!(d.log().contains("cannot be reached: using"), "{}", d.log());
+    assert_eq!(b.ok(&["logs", "after"]).trim(), "hello-again");
+    assert!(ready(&b), "{}", d.log());
+    assert!(running(&b, "before").is_some(), "the first pod kept running");
+    // The dead server leaves the kubernetes Service once its Lease has run out.
+    within(40, || (api_ports(&b) == [port(&b)]).then_some(()), || b.log());
+    assert!(!api_ports(&b).contains(&a_port));
 }

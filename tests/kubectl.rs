@@ -55,6 +55,19 @@ fn version_discovery_and_explain() {
         assert!(ns.lines().any(|l| l.starts_with(n) && l.contains("Active")), "{n} missing:\n{ns}");
     }
     assert_eq!(header(&ns), ["NAME", "STATUS", "AGE"]);
+
+    // Health checks as kube-apiserver's: every check listed when verbose, one by one, some excluded.
+    assert_eq!(
+        s.ok(&["get", "--raw", "/readyz?verbose"]),
+        "[+]ping ok\n[+]log ok\n[+]etcd ok\n[+]etcd-readiness ok\n[+]informer-sync ok\nreadyz check passed\n"
+    );
+    assert_eq!(
+        s.ok(&["get", "--raw", "/livez?verbose&exclude=etcd"]),
+        "[+]ping ok\n[+]log ok\n[+]etcd excluded: ok\nlivez check passed\n"
+    );
+    assert_eq!(s.ok(&["get", "--raw", "/healthz"]), "ok");
+    assert_eq!(s.ok(&["get", "--raw", "/readyz/etcd"]), "ok");
+    assert!(s.fails(&["get", "--raw", "/livez/informer-sync"]).contains("NotFound"));
 }
 
 #[test]
@@ -186,7 +199,31 @@ fn namespace_deletion_removes_contents() {
         &["apply", "-n", "team", "-f", "-"],
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n",
     );
-    s.ok(&["delete", "namespace", "team", "--timeout=20s"]);
+    s.ok_stdin(
+        &["apply", "-n", "team", "-f", "-"],
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: held, finalizers: [example.com/hold]}\n",
+    );
+    s.ok(&["delete", "namespace", "team", "--wait=false"]);
+    // The finalizer holds the namespace in Terminating, and its conditions say so.
+    let message = |t: &str| format!("jsonpath={{.status.conditions[?(@.type==\"{t}\")].message}}");
+    let held = eventually(20, || {
+        let m = s.ok(&["get", "namespace", "team", "-o", &message("NamespaceFinalizersRemaining")]);
+        (m == "Some content in the namespace has finalizers remaining: example.com/hold in 1 resource instances")
+            .then_some(m)
+    });
+    assert!(!held.is_empty());
+    assert_eq!(s.ok(&["get", "namespace", "team", "-o", "jsonpath={.status.phase}"]), "Terminating");
+    assert_eq!(
+        s.ok(&["get", "namespace", "team", "-o", &message("NamespaceContentRemaining")]),
+        "Some resources are remaining: configmaps has 1 resource instances"
+    );
+    assert_eq!(
+        s.ok(&["get", "namespace", "team", "-o", &message("NamespaceDeletionDiscoveryFailure")]),
+        "All resources successfully discovered"
+    );
+    assert_eq!(s.ok(&["get", "pods,cm", "-n", "team", "-o", "name"]).trim(), "configmap/held");
+    s.ok(&["patch", "configmap", "held", "-n", "team", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#]);
+    s.ok(&["wait", "--for=delete", "namespace/team", "--timeout=20s"]);
     assert!(s.fails(&["get", "namespace", "team"]).contains("not found"));
     // Recreating it starts empty, but for the cluster CA every namespace gets.
     s.ok_stdin(&["apply", "-f", "-"], "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n");
@@ -226,8 +263,16 @@ fn bad_input_gets_clear_errors() {
     assert!(s.fails(&["get", "pods", "-l", "a in (b"]).contains("unable to parse"));
     assert!(s.fails(&["get", "pods", "--field-selector", "spec.bogus=1"]).contains("field label not supported"));
     assert!(s.fails(&["get", "nosuchthings"]).contains("the server doesn't have a resource type"));
+    // A kind nobody serves: kubectl's validation reads the OpenAPI v2 document (as protobuf), finds
+    // nothing, and the mapping says what is wrong.
+    let widget = "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n";
+    let err = String::from_utf8_lossy(&s.kubectl_stdin(&["apply", "-f", "-"], widget).stderr).into_owned();
+    assert!(err.contains(r#"no matches for kind "Widget" in version "example.com/v1""#), "{err}");
     // Nothing was stored by the failures.
     assert_eq!(s.ok(&["get", "pods", "-o", "name"]).trim(), "");
+    // A List is applied item by item.
+    let list = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: listed}\n";
+    assert!(s.ok_stdin(&["apply", "-f", "-"], list).contains("configmap/listed created"));
 }
 
 #[test]
@@ -355,4 +400,94 @@ fn horizontal_pod_autoscalers_in_v2_and_v1() {
     let err = refused("v1", r#""maxReplicas": 3, "targetCPUUtilizationPercentage": 0"#);
     assert!(err.contains("averageUtilization: Invalid value: 0: must be greater than 0"), "{err}");
     assert!(s.fails(&["get", "hpa", "bad"]).contains("NotFound"));
+}
+
+/// A ConfigMap `owned` with the given data lines.
+fn config_map(data: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: owned\ndata:\n{data}")
+}
+
+#[test]
+fn server_side_apply_tracks_owners_conflicts_forces_and_prunes() {
+    let s = Server::start();
+    let applied = s.ok_stdin(&["apply", "--server-side", "-f", "-"], &config_map("  a: \"1\"\n  b: \"2\"\n"));
+    assert!(applied.contains("configmap/owned serverside-applied"), "{applied}");
+    s.ok(&["label", "configmap", "owned", "tier=front"]);
+    let yaml = s.ok(&["get", "configmap", "owned", "-o", "yaml", "--show-managed-fields"]);
+    for want in ["manager: kubectl\n", "operation: Apply", "f:a: {}", "f:b: {}", "manager: kubectl-label", "f:tier: {}"]
+    {
+        assert!(yaml.contains(want), "{want} missing:\n{yaml}");
+    }
+    assert!(!s.ok(&["get", "configmap", "owned", "-o", "yaml"]).contains("managedFields"));
+
+    // Another manager changing a field kubectl applied conflicts, naming the field and its owner.
+    let theirs = config_map("  a: \"9\"\n");
+    let out = s.kubectl_stdin(&["apply", "--server-side", "--field-manager=other", "-f", "-"], &theirs);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the apply should conflict");
+    assert!(err.contains(r#"Apply failed with 1 conflict: conflict with "kubectl": .data.a"#), "{err}");
+    assert_eq!(s.ok(&["get", "configmap", "owned", "-o", "jsonpath={.data.a}"]), "1");
+    // Forced, it takes the field over.
+    s.ok_stdin(&["apply", "--server-side", "--field-manager=other", "--force-conflicts", "-f", "-"], &theirs);
+    assert_eq!(s.ok(&["get", "configmap", "owned", "-o", "jsonpath={.data.a}"]), "9");
+
+    // kubectl applies again without a and b: b, which only it owned, goes; a stays with its owner.
+    s.ok_stdin(&["apply", "--server-side", "-f", "-"], &config_map("  c: \"3\"\n"));
+    assert_eq!(s.ok(&["get", "configmap", "owned", "-o", "jsonpath={.data}"]), r#"{"a":"9","c":"3"}"#);
+    let fields = |manager: &str| {
+        let path = format!("jsonpath={{.metadata.managedFields[?(@.manager==\"{manager}\")].fieldsV1}}");
+        s.ok(&["get", "configmap", "owned", "--show-managed-fields", "-o", &path])
+    };
+    assert_eq!(fields("other"), r#"{"f:data":{"f:a":{}}}"#);
+    assert_eq!(fields("kubectl"), r#"{"f:data":{"f:c":{}}}"#);
+}
+
+#[test]
+fn future_resource_versions_and_bad_list_options_are_refused_as_upstream() {
+    let s = Server::start();
+    // A revision this server has not reached: after waiting for it, a Timeout informers relist on.
+    for path in ["/api/v1/pods?resourceVersion=99999999", "/api/v1/pods?watch=1&resourceVersion=99999999"] {
+        let err = s.fails(&["get", "--raw", path]);
+        assert!(err.contains("Error from server (Timeout): Too large resource version: 99999999, current: "), "{err}");
+    }
+    let err = s.fails(&["get", "--raw", "/api/v1/pods?resourceVersion=1&resourceVersionMatch=Newest"]);
+    assert!(err.contains(r#"resourceVersionMatch: Unsupported value: "Newest""#), "{err}");
+    let err = s.fails(&["get", "--raw", "/api/v1/pods?resourceVersionMatch=Exact"]);
+    assert!(err.contains("resourceVersionMatch is forbidden unless resourceVersion is provided"), "{err}");
+    let err = s.fails(&["get", "--raw", "/api/v1/pods?sendInitialEvents=true"]);
+    assert!(err.contains("sendInitialEvents is only supported on watch requests"), "{err}");
+}
+
+#[test]
+fn immutable_metadata_changes_are_refused_as_upstream() {
+    let s = Server::start();
+    s.ok_stdin(&["apply", "-f", "-"], &config_map("  a: \"1\"\n"));
+    let err = s.fails(&["patch", "configmap", "owned", "--type=merge", "-p", r#"{"metadata":{"name":"other"}}"#]);
+    assert!(err.contains("the name of the object (other) does not match the name on the URL (owned)"), "{err}");
+    let err =
+        s.fails(&["patch", "configmap", "owned", "--type=merge", "-p", r#"{"metadata":{"namespace":"kube-system"}}"#]);
+    assert!(
+        err.contains("the namespace of the object (kube-system) does not match the namespace on the URL (default)"),
+        "{err}"
+    );
+    let err = s.fails(&["patch", "configmap", "owned", "--type=merge", "-p", r#"{"metadata":{"uid":"1234"}}"#]);
+    assert!(err.contains(r#"metadata.uid: Invalid value: "1234": field is immutable"#), "{err}");
+    let when = r#"{"metadata":{"deletionTimestamp":"2030-01-01T00:00:00Z"}}"#;
+    let err = s.fails(&["patch", "configmap", "owned", "--type=merge", "-p", when]);
+    assert!(
+        err.contains(r#"metadata.deletionTimestamp: Invalid value: "2030-01-01T00:00:00Z": field is immutable"#),
+        "{err}"
+    );
+    // A replace naming another uid fails its precondition.
+    let mut body: serde_json::Value =
+        serde_json::from_str(&s.ok(&["get", "configmap", "owned", "-o", "json"])).expect("json");
+    let uid = body["metadata"]["uid"].as_str().expect("uid").to_string();
+    body["metadata"]["uid"] = "1234".into();
+    let out = s.kubectl_stdin(&["replace", "-f", "-"], &body.to_string());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("Precondition failed: UID in precondition: 1234, UID in object meta: {uid}")),
+        "{err}"
+    );
+    assert_eq!(s.ok(&["get", "configmap", "owned", "-o", "jsonpath={.data.a}"]), "1");
 }

@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use rustls::RootCertStore;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::join::{NodeCertificateRequest, NodeCertificates};
+use crate::api::join::{NodeCertificateRequest, NodeCertificates, ServerBootstrap};
 use crate::api::pki::{self, JoinToken, SwappableCert};
 
 /// How long one call to the server may take before it counts as failed.
@@ -179,32 +179,7 @@ impl Join {
         {
             return Ok(kept);
         }
-        let tls = rustls::ClientConfig::builder_with_provider(pki::provider())
-            .with_safe_default_protocol_versions()
-            .context("TLS configuration")?
-            .dangerous()
-            .with_custom_certificate_verifier(pki::AnyServerCert::new())
-            .with_no_client_auth();
-        let req = Request::get(format!("{}/cacerts", self.server)).body(Full::default())?;
-        let (status, body) = call(tls, req).await.with_context(|| format!("fetching the CA from {}", self.server))?;
-        if status != StatusCode::OK {
-            bail!("fetching the CA from {}/cacerts: the server answered {status}", self.server);
-        }
-        let pem = String::from_utf8(body.to_vec()).context("the server's /cacerts is not text")?;
-        let hash = pki::ca_hash(&pem);
-        match &self.token.ca_hash {
-            Some(pin) if *pin != hash => bail!(Refused(format!(
-                "the server at {} presents a CA whose sha256 is {hash}, but the token pins {pin}: it is not the \
-                 server the token was made for",
-                self.server
-            ))),
-            Some(_) => {}
-            None => tracing::warn!(
-                "the token has no CA pin: trusting the CA {} presents (sha256 {hash}); give the full K10... token from \
-                 the server's <data-dir>/server/token to verify it",
-                self.server
-            ),
-        }
+        let pem = pinned_ca(&self.server, &self.token).await?;
         pki::write_atomic(&files.ca, 0o644, pem.as_bytes())?;
         Ok(pem)
     }
@@ -263,6 +238,60 @@ impl Join {
     }
 }
 
+/// The CA the server at `server` presents at `/cacerts` (fetched without trust), trusted only
+/// when it hashes to the token's pin; a token without a pin trusts it, as k3s does, with a warning.
+async fn pinned_ca(server: &str, token: &JoinToken) -> Result<String> {
+    let tls = rustls::ClientConfig::builder_with_provider(pki::provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS configuration")?
+        .dangerous()
+        .with_custom_certificate_verifier(pki::AnyServerCert::new())
+        .with_no_client_auth();
+    let req = Request::get(format!("{server}/cacerts")).body(Full::default())?;
+    let (status, body) = call(tls, req).await.with_context(|| format!("fetching the CA from {server}"))?;
+    if status != StatusCode::OK {
+        bail!("fetching the CA from {server}/cacerts: the server answered {status}");
+    }
+    let pem = String::from_utf8(body.to_vec()).context("the server's /cacerts is not text")?;
+    let hash = pki::ca_hash(&pem);
+    match &token.ca_hash {
+        Some(pin) if *pin != hash => bail!(Refused(format!(
+            "the server at {server} presents a CA whose sha256 is {hash}, but the token pins {pin}: it is not the \
+             server the token was made for"
+        ))),
+        Some(_) => {}
+        None => tracing::warn!(
+            "the token has no CA pin: trusting the CA {server} presents (sha256 {hash}); give the full K10... token \
+             from the server's <data-dir>/server/token to verify it"
+        ),
+    }
+    Ok(pem)
+}
+
+/// What a server joining the one at `server` (`cairn server --server URL --token T`) learns of the
+/// cluster, asked with the join token over TLS checked against the token's CA pin.
+pub async fn server_bootstrap(server: &str, token: &JoinToken) -> Result<ServerBootstrap> {
+    let ca = pinned_ca(server, token).await?;
+    let roots = pki::roots_of(&ca).map_err(anyhow::Error::msg)?;
+    let tls = rustls::ClientConfig::builder_with_provider(pki::provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS configuration")?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let req = Request::get(format!("{server}/v1-cairn/server-bootstrap"))
+        .header(http::header::AUTHORIZATION, format!("Bearer {}", token.secret))
+        .body(Full::default())?;
+    let (status, body) = call(tls, req).await.with_context(|| format!("asking {server} how to join it"))?;
+    match status {
+        StatusCode::OK => serde_json::from_slice(&body).context("reading the server's answer"),
+        StatusCode::UNAUTHORIZED => bail!(Refused(format!(
+            "the server at {server} refused the token (401 Unauthorized): give the token from its \
+             <data-dir>/server/token"
+        ))),
+        other => bail!("the server at {server} answered {other}: {}", message(&body)),
+    }
+}
+
 /// An API client of a joined node: HTTPS to `server`, trusting only the cluster CA, presenting
 /// `identity`'s current client certificate.
 pub fn api_client(server: &str, creds: &Credentials, identity: &Arc<SwappableCert>) -> Result<kube::Client> {
@@ -291,6 +320,13 @@ pub fn api_client(server: &str, creds: &Credentials, identity: &Arc<SwappableCer
     let config = kube::Config::new(server.parse().with_context(|| format!("invalid --server URL {server:?}"))?);
     let service = tower::ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        // A node's writes are recorded in managedFields as a kubelet's.
+        .map_request(|mut req: Request<kube::client::Body>| {
+            req.headers_mut()
+                .entry(http::header::USER_AGENT)
+                .or_insert_with(|| http::HeaderValue::from_static(crate::client::KUBELET_AGENT));
+            req
+        })
         // Until the response's head: a watch's body streams on beyond it.
         .layer(tower::timeout::TimeoutLayer::new(REQUEST_TIMEOUT))
         .service(hyper);

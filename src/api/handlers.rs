@@ -16,6 +16,7 @@ use super::AppState;
 use super::codec::{self, Format};
 use crate::registry::patch::PatchType;
 use crate::registry::selector::{FieldSelector, LabelSelector};
+use crate::registry::validation::FieldError;
 use crate::registry::{
     DeleteOptions, Deleted, FieldValidation, ListOptions, Resource, StatusError, Subresource, Watch, WatchItem,
     WatchOptions, WriteOptions,
@@ -68,6 +69,9 @@ const KNOWN_PARAMS: &[&str] = &[
 
 /// Longest a watch runs before the server ends it (clients re-establish), as upstream's
 /// `--min-request-timeout` default.
+/// The longest `fieldManager` (upstream's `FieldManagerMaxLength`).
+const FIELD_MANAGER_MAX: usize = 128;
+
 const WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 
@@ -85,6 +89,8 @@ struct Target {
     node: Option<String>,
     /// Who makes the request, for RBAC's escalation checks.
     requester: Option<crate::registry::rbac::Requester>,
+    /// The client's `User-Agent` up to its first `/`: the field manager of a write naming none.
+    agent: String,
 }
 
 /// Parsed query string.
@@ -129,7 +135,9 @@ impl Query {
         }
     }
 
-    fn write_options(&self, t: &Target) -> Result<WriteOptions> {
+    /// The options of a create, update or patch; `kind` (`CreateOptions`, `UpdateOptions`,
+    /// `PatchOptions`) names them in errors.
+    fn write_options(&self, t: &Target, kind: &str) -> Result<WriteOptions> {
         let field_validation = match self.get("fieldValidation") {
             None | Some("") => FieldValidation::Warn,
             Some("Ignore") => FieldValidation::Ignore,
@@ -141,11 +149,28 @@ impl Query {
                 )));
             }
         };
+        let manager = self.get("fieldManager").unwrap_or_default();
+        let mut errs = Vec::new();
+        if manager.len() > FIELD_MANAGER_MAX {
+            errs.push(FieldError::too_long("fieldManager", FIELD_MANAGER_MAX));
+        }
+        if let Some((i, c)) = manager.chars().enumerate().find(|(_, c)| c.is_control()) {
+            errs.push(FieldError::invalid(
+                "fieldManager",
+                manager,
+                format!("invalid character {:?} (at position {i})", c),
+            ));
+        }
+        if !errs.is_empty() {
+            return Err(StatusError::invalid(kind, "meta.k8s.io", "", &errs));
+        }
+        let field_manager = if manager.is_empty() { &t.agent } else { manager };
         Ok(WriteOptions {
             dry_run: self.dry_run()?,
             field_validation,
             node: t.node.clone(),
             requester: t.requester.clone(),
+            field_manager: (!field_manager.is_empty()).then(|| field_manager.to_string()),
         })
     }
 
@@ -214,7 +239,7 @@ fn resolve(state: &AppState, path: &str) -> Result<Target> {
         }
     };
     let (namespace, name) = (namespace.map(str::to_string), name.map(str::to_string));
-    Ok(Target { resource, namespace, name, sub, watch, proxy_path, node: None, requester: None })
+    Ok(Target { resource, namespace, name, sub, watch, proxy_path, node: None, requester: None, agent: String::new() })
 }
 
 /// Entry point for every resource path.
@@ -235,6 +260,7 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         uid: u.uid.clone(),
         extra: u.extra.clone(),
     });
+    target.agent = agent_prefix(req.headers());
     let query = Query::parse(req.uri())?;
     if let (Some(name), Some(sub @ (Subresource::Exec | Subresource::Attach | Subresource::PortForward))) =
         (target.name.as_deref(), target.sub)
@@ -255,8 +281,8 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         .map_err(|_| StatusError::too_large(codec::MAX_BODY_BYTES))?;
     let t = &target;
     match (&method, t.name.as_deref(), t.sub) {
-        (&Method::GET, None, None) if t.watch || query.flag("watch") => watch(state, t, &query, &headers),
-        (&Method::GET, None, None) => list(state, t, &query, &headers),
+        (&Method::GET, None, None) if t.watch || query.flag("watch") => watch(state, t, &query, &headers).await,
+        (&Method::GET, None, None) => list(state, t, &query, &headers).await,
         (
             &Method::GET,
             Some(name),
@@ -272,12 +298,12 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         }
         (&Method::PUT, Some(name), Some(Subresource::Scale)) => {
             let scale = codec::parse_body(&headers, &body)?;
-            let opts = query.write_options(t)?;
+            let opts = query.write_options(t, "UpdateOptions")?;
             let scale = state.registry.update_scale(&t.resource, t.namespace.as_deref(), name, scale, &opts).await?;
             Ok(codec::json_bytes(StatusCode::OK, scale))
         }
         (&Method::PATCH, Some(name), Some(Subresource::Scale)) => {
-            let opts = query.write_options(t)?;
+            let opts = query.write_options(t, "PatchOptions")?;
             let pt = patch_type(&codec::content_type(&headers))?;
             let scale = state.registry.patch_scale(&t.resource, t.namespace.as_deref(), name, &body, pt, &opts).await?;
             Ok(codec::json_bytes(StatusCode::OK, scale))
@@ -316,7 +342,7 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
         ) => {
             let format = codec::negotiate(&headers, None)?;
             let obj = codec::parse_body(&headers, &body)?;
-            let opts = query.write_options(t)?;
+            let opts = query.write_options(t, "UpdateOptions")?;
             let w = state.registry.update(&t.resource, t.namespace.as_deref(), name, obj, t.sub, &opts).await?;
             Ok(codec::object(&t.resource, StatusCode::OK, format, w.object, &w.warnings))
         }
@@ -331,10 +357,24 @@ async fn serve(state: &AppState, req: axum::extract::Request) -> Result<Response
     }
 }
 
+/// Upstream's `prefixFromUserAgent`: the `User-Agent` up to its first `/`, printable characters
+/// only, at most 128 bytes.
+fn agent_prefix(headers: &HeaderMap) -> String {
+    let ua = headers.get(http::header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let mut out = String::new();
+    for c in ua.split('/').next().unwrap_or_default().chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > FIELD_MANAGER_MAX {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
 async fn create(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
     let obj = codec::parse_body(headers, body)?;
-    let opts = q.write_options(t)?;
+    let opts = q.write_options(t, "CreateOptions")?;
     let w = state.registry.create(&t.resource, t.namespace.as_deref(), obj, &opts).await?;
     Ok(codec::object(&t.resource, StatusCode::CREATED, format, w.object, &w.warnings))
 }
@@ -362,30 +402,31 @@ async fn patch(
     body: &[u8],
 ) -> Result<Response> {
     let format = codec::negotiate(headers, None)?;
-    let opts = q.write_options(t)?;
+    let opts = q.write_options(t, "PatchOptions")?;
     let ct = codec::content_type(headers);
     let ns = t.namespace.as_deref();
     let r = &t.resource;
     if body.len() > codec::MAX_BODY_BYTES {
         return Err(StatusError::too_large(codec::MAX_BODY_BYTES));
     }
-    let w = if ct == "application/apply-patch+yaml" {
-        // Server-side apply, approximated: create if absent, otherwise merge the applied
-        // configuration with strategic-merge semantics. Field ownership is not tracked.
-        let applied = codec::parse_yaml(body)?;
-        match state.registry.get(r, ns, name) {
-            Err(e) if e.code == 404 => {
-                let mut w = state.registry.create(r, ns, applied, &opts).await?;
-                w.created = true;
-                w
-            }
-            Err(e) => return Err(e),
-            Ok(_) => {
-                let json = serde_json::to_vec(&applied).map_err(StatusError::internal)?;
-                state.registry.patch(r, ns, name, &json, PatchType::StrategicMerge, t.sub, &opts).await?
-            }
+    let apply = ct.split(';').next().unwrap_or_default().trim().eq_ignore_ascii_case("application/apply-patch+yaml");
+    let force = match q.get("force") {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => return Err(StatusError::bad_request(format!("invalid value for force: {other:?}"))),
+    };
+    let invalid = |e: FieldError| StatusError::invalid("PatchOptions", "meta.k8s.io", "", &[e]);
+    let w = if apply {
+        if q.get("fieldManager").is_none_or(str::is_empty) {
+            return Err(invalid(FieldError::required("fieldManager", "is required for apply patch")));
         }
+        let config = codec::parse_yaml(body)?;
+        state.registry.apply(r, ns, name, config, t.sub, &opts, force.unwrap_or(false)).await?
     } else {
+        if force.is_some() {
+            return Err(invalid(FieldError::forbidden("force", "may not be specified for non-apply patch")));
+        }
         let pt = patch_type(&ct)?;
         state.registry.patch(r, ns, name, body, pt, t.sub, &opts).await?
     };
@@ -500,12 +541,68 @@ fn list_meta(revision: u64, continue_token: Option<String>, remaining: Option<us
     m
 }
 
-fn list(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response> {
+/// How long a list or watch from a revision this server has not seen yet waits for it (upstream's
+/// watch cache `blockTimeout`).
+const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits for the store to reach the revision a list or watch names, if it names one; upstream's
+/// `Too large resource version` Timeout if it does not within [`FRESHNESS_WAIT`].
+async fn fresh_enough(state: &AppState, rv: Option<&str>) -> Result<Option<u64>> {
+    let Some(rv) = rv.filter(|s| !s.is_empty() && *s != "0") else { return Ok(None) };
+    let rv: u64 = rv.parse().map_err(|_| StatusError::bad_request(format!("invalid resource version: {rv:?}")))?;
+    let store = state.registry.store();
+    if !store.wait_for(rv, FRESHNESS_WAIT).await {
+        return Err(StatusError::too_large_resource_version(rv, store.revision()));
+    }
+    Ok(Some(rv))
+}
+
+/// Upstream's `ValidateListOptions`, for a list (`watch` false) or a watch.
+fn validate_list_options(q: &Query, watch: bool) -> Result<()> {
+    let mut errs = Vec::new();
+    let matching = q.get("resourceVersionMatch").filter(|m| !m.is_empty());
+    let path = "resourceVersionMatch";
+    if watch {
+        if let Some(m) = matching.filter(|m| *m != "NotOlderThan") {
+            errs.push(FieldError::not_supported(path, m, &["NotOlderThan"]));
+        }
+    } else {
+        if let Some(m) = matching {
+            if q.get("resourceVersion").is_none_or(str::is_empty) {
+                errs.push(FieldError::forbidden(
+                    path,
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                ));
+            }
+            if q.get("continue").is_some_and(|c| !c.is_empty()) {
+                errs.push(FieldError::forbidden(path, "resourceVersionMatch is forbidden when continue is provided"));
+            }
+            if m != "Exact" && m != "NotOlderThan" {
+                errs.push(FieldError::not_supported(path, m, &["Exact", "NotOlderThan", ""]));
+            }
+            if m == "Exact" && q.get("resourceVersion") == Some("0") {
+                errs.push(FieldError::forbidden(
+                    path,
+                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+                ));
+            }
+        }
+        if q.get("sendInitialEvents").is_some() {
+            errs.push(FieldError::forbidden(
+                "sendInitialEvents",
+                "sendInitialEvents is only supported on watch requests",
+            ));
+        }
+    }
+    if errs.is_empty() { Ok(()) } else { Err(StatusError::invalid("ListOptions", "meta.k8s.io", "", &errs)) }
+}
+
+async fn list(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response> {
     let format = codec::negotiate(headers, q.get("includeObject"))?;
     let (labels, fields) = q.selectors()?;
+    validate_list_options(q, false)?;
     let limit = q.int::<i64>("limit")?.filter(|l| *l > 0).map(|l| l as usize);
-    if let Some(rv) = q.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0") {
-        let rv: u64 = rv.parse().map_err(|_| StatusError::bad_request(format!("invalid resource version: {rv:?}")))?;
+    if let Some(rv) = fresh_enough(state, q.get("resourceVersion")).await? {
         // Only the newest state is kept: an exact older revision is gone.
         if q.get("resourceVersionMatch") == Some("Exact") && rv != state.registry.store().revision() {
             return Err(StatusError::gone(format!("too old resource version: {rv}")));
@@ -559,9 +656,11 @@ struct WatchStream {
     done: bool,
 }
 
-fn watch(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response> {
+async fn watch(state: &AppState, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response> {
     let format = codec::negotiate(headers, q.get("includeObject"))?;
     let (labels, mut fields) = q.selectors()?;
+    validate_list_options(q, true)?;
+    fresh_enough(state, q.get("resourceVersion")).await?;
     if let Some(name) = &t.name {
         fields = FieldSelector::parse(&format!("metadata.name={name}"))
             .map_err(|e| StatusError::bad_request(e.to_string()))?;

@@ -45,6 +45,32 @@ pub async fn cluster_config(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// What a server joining this one (`cairn server --server URL --token T`) learns: where the
+/// cluster is kept (k3s's `/v1-k3s/server-bootstrap`). Its CA and keys it then takes from there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerBootstrap {
+    /// The etcd endpoints (`--datastore-endpoint`); absent when this server has the embedded store,
+    /// which no other server can share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datastore_endpoint: Option<String>,
+}
+
+/// `GET /v1-cairn/server-bootstrap`, for holders of the join token (or other `system:masters`).
+pub async fn server_bootstrap(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let Some(user) = req.extensions().get::<User>() else {
+        return codec::error(&StatusError::unauthorized());
+    };
+    if !user.groups.iter().any(|g| g == "system:masters") {
+        tracing::warn!("refused the server bootstrap to {}", user.name);
+        return codec::error(&StatusError::forbidden_plain(format!(
+            "{} may not join servers to the cluster: give the server's join token",
+            user.name
+        )));
+    }
+    axum::Json(ServerBootstrap { datastore_endpoint: state.datastore_endpoint.get().cloned() }).into_response()
+}
+
 /// What a joining node asks for.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

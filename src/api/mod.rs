@@ -7,6 +7,7 @@ pub mod authz;
 mod codec;
 mod discovery;
 mod handlers;
+mod health;
 pub mod join;
 mod logs;
 mod metrics;
@@ -17,10 +18,11 @@ pub mod pki;
 pub mod protobuf;
 mod reviews;
 pub mod sa_token;
+pub mod shared_keys;
 mod streams;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -102,6 +104,8 @@ pub struct AppState {
     pub pki: OnceLock<Arc<pki::Pki>>,
     /// What joined nodes learn of the cluster.
     pub cluster: OnceLock<join::ClusterConfig>,
+    /// `--datastore-endpoint`, told to servers joining this one.
+    pub datastore_endpoint: OnceLock<String>,
     /// `--authorization-mode`.
     pub authorization: authz::Modes,
     /// Signs and checks service account tokens; set once the key is loaded.
@@ -112,10 +116,41 @@ pub struct AppState {
 /// Adds one kind's schema to an OpenAPI generator.
 type SchemaFn = Box<dyn Fn(&mut schemars::SchemaGenerator) -> schemars::Schema>;
 
+/// The JSON documents, and the protobuf ones made from them on first request (few clients ask).
 struct OpenApiDocs {
-    v2: Bytes,
-    v3_index: Bytes,
-    v3: Vec<(String, Bytes)>,
+    v2: Document,
+    v2_proto: OnceLock<Document>,
+    v3_index: Document,
+    v3: Vec<(String, Document, OnceLock<Document>)>,
+}
+
+/// One OpenAPI document, encoded once, with its ETag.
+struct Document {
+    body: Bytes,
+    etag: String,
+}
+
+impl Document {
+    fn new(body: Vec<u8>) -> Self {
+        use sha2::Digest as _;
+        let etag = format!("\"{:X}\"", sha2::Sha512::digest(&body));
+        Self { body: Bytes::from(body), etag }
+    }
+
+    /// The same document re-encoded (the JSON one as protobuf): `encode` gets it parsed.
+    fn converted(&self, encode: fn(&Value) -> Vec<u8>) -> Self {
+        Self::new(encode(&serde_json::from_slice(&self.body).unwrap_or_default()))
+    }
+
+    /// The document as `content_type`, or 304 when the client's copy (`If-None-Match`) is current.
+    fn respond(&self, headers: &HeaderMap, content_type: &'static str) -> Response {
+        let cached = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(self.etag.as_str());
+        let etag = (header::ETAG, self.etag.clone());
+        if cached {
+            return (StatusCode::NOT_MODIFIED, [etag]).into_response();
+        }
+        (StatusCode::OK, [(header::CONTENT_TYPE, content_type.to_string()), etag], self.body.clone()).into_response()
+    }
 }
 
 impl AppState {
@@ -133,6 +168,7 @@ impl AppState {
             node_client: OnceLock::new(),
             pki: OnceLock::new(),
             cluster: OnceLock::new(),
+            datastore_endpoint: OnceLock::new(),
             authorization: authz::Modes::default(),
             sa_tokens: OnceLock::new(),
             openapi: OnceLock::new(),
@@ -172,12 +208,13 @@ impl AppState {
                 schema: schema.as_ref(),
                 create_only: true,
             }));
-            let encode = |v: &Value| Bytes::from(serde_json::to_vec(v).unwrap_or_default());
+            let encode = |v: &Value| Document::new(serde_json::to_vec(v).unwrap_or_default());
             let v3 = openapi::v3(&docs);
             OpenApiDocs {
                 v2: encode(&openapi::v2(&docs)),
+                v2_proto: OnceLock::new(),
                 v3_index: encode(&v3.index),
-                v3: v3.documents.iter().map(|(p, d)| (p.clone(), encode(d))).collect(),
+                v3: v3.documents.iter().map(|(p, d)| (p.clone(), encode(d), OnceLock::new())).collect(),
             }
         })
     }
@@ -213,12 +250,12 @@ fn goarch() -> &'static str {
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/version", get(|| async { axum::Json(version_info()) }))
-        .route("/healthz", get(health))
-        .route("/livez", get(health))
-        .route("/readyz", get(readyz))
-        .route("/healthz/{check}", get(health))
-        .route("/livez/{check}", get(health))
-        .route("/readyz/{check}", get(readyz))
+        .route("/healthz", get(health::healthz))
+        .route("/livez", get(health::livez))
+        .route("/readyz", get(health::readyz))
+        .route("/healthz/{check}", get(health::healthz_check))
+        .route("/livez/{check}", get(health::livez_check))
+        .route("/readyz/{check}", get(health::readyz_check))
         .route("/api", get(api_root))
         .route("/apis", get(apis_root))
         .route("/api/v1", get(core_resources))
@@ -230,6 +267,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openid/v1/jwks", get(openid_jwks))
         .route("/v1-cairn/node-certificates", axum::routing::post(join::node_certificates))
         .route("/v1-cairn/config", get(join::cluster_config))
+        .route("/v1-cairn/server-bootstrap", get(join::server_bootstrap))
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(openapi_v3_index))
         .route("/openapi/v3/{*path}", get(openapi_v3_doc))
@@ -371,10 +409,6 @@ fn authorize(state: &AppState, user: &User, req: &Request) -> Result<(), StatusE
     authz::authorize(&state.registry, &state.authorization, user, &attrs)
 }
 
-async fn health() -> &'static str {
-    "ok"
-}
-
 /// The CA certificate, for anyone: a joining node hashes it and compares with its token's pin.
 async fn cacerts(State(state): State<Arc<AppState>>) -> Response {
     match state.pki.get() {
@@ -428,14 +462,6 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    if state.ready.load(Ordering::Acquire) {
-        "ok".into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "[-]cairn-startup failed: not finished\nreadyz check failed").into_response()
-    }
-}
-
 fn discovery_response(headers: &HeaderMap, state: &AppState, core: bool, legacy: Value) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
     match discovery::wants_aggregated(accept) {
@@ -485,22 +511,68 @@ async fn group_resources(
     }
 }
 
-async fn openapi_v2(State(state): State<Arc<AppState>>) -> Response {
-    let docs = blocking_docs(state).await;
-    codec::json_bytes(StatusCode::OK, docs.v2.clone())
+/// The content types the OpenAPI documents are served as, as kube-openapi's handlers: JSON, or
+/// gnostic's protobuf (asked for under its current or its deprecated name, answered under the
+/// current one).
+const OPENAPI_JSON: &str = "application/json";
+const OPENAPI_V2_PROTO: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+const OPENAPI_V2_PROTO_DEPRECATED: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+const OPENAPI_V3_PROTO: &str = "application/com.github.proto-openapi.spec.v3.v1.0+protobuf";
+const OPENAPI_V3_PROTO_DEPRECATED: &str = "application/com.github.proto-openapi.spec.v3@v1.0+protobuf";
+
+/// The first media type of `Accept` (in the client's order of preference) that `offered` has;
+/// JSON for no `Accept` or a wildcard; `None` when nothing offered is acceptable.
+fn openapi_format(headers: &HeaderMap, offered: &[&'static str]) -> Option<&'static str> {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
+    let mut ranges: Vec<(f32, &str)> = accept
+        .split(',')
+        .map(|part| {
+            let mut fields = part.split(';');
+            let media = fields.next().unwrap_or_default().trim();
+            let q = fields.filter_map(|p| p.trim().strip_prefix("q=")).find_map(|q| q.parse().ok()).unwrap_or(1.0);
+            (q, media)
+        })
+        .filter(|(q, _)| *q > 0.0)
+        .collect();
+    ranges.sort_by(|a, b| b.0.total_cmp(&a.0));
+    ranges.iter().find_map(|(_, media)| match *media {
+        "*/*" | "application/*" => Some(OPENAPI_JSON),
+        m => offered.iter().find(|o| o.eq_ignore_ascii_case(m)).copied(),
+    })
 }
 
-async fn openapi_v3_index(State(state): State<Arc<AppState>>) -> Response {
-    let docs = blocking_docs(state).await;
-    codec::json_bytes(StatusCode::OK, docs.v3_index.clone())
+fn not_acceptable(offered: &[&str]) -> Response {
+    StatusError::not_acceptable(format!("only the following media types are accepted: {}", offered.join(", ")))
+        .into_response()
 }
 
-async fn openapi_v3_doc(State(state): State<Arc<AppState>>, Path(path): Path<String>) -> Response {
+async fn openapi_v2(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let offered = [OPENAPI_JSON, OPENAPI_V2_PROTO, OPENAPI_V2_PROTO_DEPRECATED];
+    let Some(format) = openapi_format(&headers, &offered) else { return not_acceptable(&offered) };
     let docs = blocking_docs(state).await;
-    match docs.v3.iter().find(|(p, _)| *p == path) {
-        Some((_, d)) => codec::json_bytes(StatusCode::OK, d.clone()),
-        None => StatusError::no_route().into_response(),
+    if format == OPENAPI_JSON {
+        return docs.v2.respond(&headers, OPENAPI_JSON);
     }
+    let proto = docs.v2_proto.get_or_init(|| docs.v2.converted(openapi::gnostic::encode));
+    proto.respond(&headers, OPENAPI_V2_PROTO)
+}
+
+async fn openapi_v3_index(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let docs = blocking_docs(state).await;
+    docs.v3_index.respond(&headers, OPENAPI_JSON)
+}
+
+async fn openapi_v3_doc(State(state): State<Arc<AppState>>, Path(path): Path<String>, headers: HeaderMap) -> Response {
+    let offered = [OPENAPI_JSON, OPENAPI_V3_PROTO, OPENAPI_V3_PROTO_DEPRECATED];
+    let Some(format) = openapi_format(&headers, &offered) else { return not_acceptable(&offered) };
+    let docs = blocking_docs(state).await;
+    let Some((_, json, proto)) = docs.v3.iter().find(|(p, ..)| *p == path) else {
+        return StatusError::no_route().into_response();
+    };
+    if format == OPENAPI_JSON {
+        return json.respond(&headers, OPENAPI_JSON);
+    }
+    proto.get_or_init(|| json.converted(openapi::gnostic_v3::encode)).respond(&headers, OPENAPI_V3_PROTO)
 }
 
 /// The OpenAPI documents, generated off the async threads the first time.

@@ -10,6 +10,9 @@
 //! - `x-kubernetes-patch-strategy` / `x-kubernetes-patch-merge-key` on merge lists (kubectl
 //!   computes strategic merge patches for `apply` and `edit` from them).
 
+pub mod gnostic;
+pub mod gnostic_v3;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::autoscaling::v1::Scale;
@@ -476,8 +479,12 @@ const DELETE_COLLECTION: &[&str] = &[
     "sendInitialEvents",
     "timeoutSeconds",
 ];
-const PATCH_TYPES: &[&str] =
-    &["application/json-patch+json", "application/merge-patch+json", "application/strategic-merge-patch+json"];
+const PATCH_TYPES: &[&str] = &[
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
+];
 
 /// One operation to describe.
 struct Operation<'a> {

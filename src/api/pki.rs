@@ -48,8 +48,8 @@ const BACKDATE: time::Duration = time::Duration::hours(1);
 /// How often a long-running server should call [`Pki::renew_if_needed`].
 pub const RENEWAL_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-const CA_CERT: &str = "server-ca.crt";
-const CA_KEY: &str = "server-ca.key";
+pub(super) const CA_CERT: &str = "server-ca.crt";
+pub(super) const CA_KEY: &str = "server-ca.key";
 const ADMIN_USER: &str = "system:admin";
 const ADMIN_GROUP: &str = "system:masters";
 /// The group of every node's identity (`system:node:<name>`).
@@ -712,7 +712,7 @@ fn san_to_string(san: &SanType) -> String {
     }
 }
 
-fn create_private_dir(dir: &Path) -> Result<()> {
+pub(super) fn create_private_dir(dir: &Path) -> Result<()> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(io_error("creating directory", parent))?;
     }

@@ -8,6 +8,9 @@
 //! process can attach a request extension). A node on another machine builds the same `kube::Client`
 //! over HTTPS instead.
 
+pub mod balancer;
+pub mod leader;
+
 use std::fmt::Debug;
 use std::hash::Hash;
 
@@ -41,11 +44,27 @@ pub fn node(name: &str) -> User {
     User::new(format!("system:node:{name}"), vec!["system:nodes".into(), "system:masters".into()])
 }
 
+/// A node's user agent, in process or from a joined machine.
+pub const KUBELET_AGENT: &str = "kubelet/cairn";
+
+/// The user agent of upstream's component with this identity: its name, up to the `/`, is the
+/// field manager `metadata.managedFields` records the component's writes under.
+pub fn user_agent(user: &User) -> &'static str {
+    match user.name.as_str() {
+        "system:kube-controller-manager" => "kube-controller-manager/cairn",
+        "system:kube-scheduler" => "kube-scheduler/cairn",
+        n if n.starts_with("system:node:") => KUBELET_AGENT,
+        _ => "cairn/cairn",
+    }
+}
+
 /// A client whose requests are served by this process's API router (`api::router`, the one the
 /// listener serves, shared) as `user`.
 pub fn in_process(router: axum::Router, user: User) -> kube::Client {
+    let agent = http::HeaderValue::from_static(user_agent(&user));
     let service = tower::ServiceBuilder::new()
         .map_request(move |mut req: Request<kube::client::Body>| {
+            req.headers_mut().entry(http::header::USER_AGENT).or_insert_with(|| agent.clone());
             req.extensions_mut().insert(InProcess(user.clone()));
             req
         })

@@ -7,10 +7,12 @@
 //!
 //! Each is a [`runtime::Reconciler`] over typed objects, run by [`runtime::run`] on the in-process
 //! client (`crate::client`); none reaches into another. Event expiry is a periodic sweep instead (see
-//! `event_ttl.rs`). A new controller is a file here with a reconciler and the `Controller` that
+//! `event_ttl.rs`), and so is the `kubernetes` Service's endpoints reconciler of servers sharing
+//! etcd (`apiserverendpoints.rs`, run by every server, not by [`spawn_all`]). A new controller is a file here with a reconciler and the `Controller` that
 //! triggers it (copy `serviceaccount.rs`), started in [`spawn_all`]. The garbage collector is a
 //! graph over every kind instead (upstream's is too), fed by kube-runtime watchers of metadata.
 
+pub mod apiserverendpoints;
 mod attachdetach;
 mod clusterroleaggregation;
 mod cronjob;
@@ -53,6 +55,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 
 pub use ephemeral::is_for_pod as ephemeral_is_for_pod;
+pub use event_ttl::EVENT_TTL;
 use tokio_util::sync::CancellationToken;
 
 /// What the controllers are run with.

@@ -79,7 +79,11 @@ pub async fn local_storage(registry: &Registry, server_dir: &std::path::Path) ->
 /// Endpoints and EndpointSlice pointing at this API server (kube-apiserver's
 /// `kubernetesservice` controller and endpoint reconciler). Brought back to this shape at every
 /// start. A loopback address cannot be an endpoint: the Service is made without one.
-pub async fn kubernetes_service(registry: &Registry, api: std::net::SocketAddr) -> Result<(), StatusError> {
+pub async fn kubernetes_service(
+    registry: &Registry,
+    api: std::net::SocketAddr,
+    endpoints: bool,
+) -> Result<(), StatusError> {
     let find = |group: &str, plural: &str| {
         registry.find(group, "v1", plural).ok_or_else(|| StatusError::internal(format!("{plural} are not served")))
     };
@@ -102,6 +106,9 @@ pub async fn kubernetes_service(registry: &Registry, api: std::net::SocketAddr) 
     .await?;
     if api.ip().is_loopback() || api.ip().is_unspecified() {
         tracing::info!("the API server listens on {api} only: the kubernetes Service has no endpoints");
+        return Ok(());
+    }
+    if !endpoints {
         return Ok(());
     }
     let endpoints = json!({

@@ -90,6 +90,31 @@ impl StatusError {
         }
     }
 
+    /// A list or watch from a revision the store has not reached (`NewTooLargeResourceVersionError`):
+    /// clients relist.
+    pub fn too_large_resource_version(asked: u64, current: u64) -> Self {
+        Self {
+            details: Some(Box::new(Details {
+                causes: vec![Cause {
+                    reason: "ResourceVersionTooLarge".into(),
+                    message: "Too large resource version".into(),
+                    field: String::new(),
+                }],
+                retry_after_seconds: Some(1),
+                ..Default::default()
+            })),
+            ..Self::new(504, "Timeout", format!("Too large resource version: {asked}, current: {current}"))
+        }
+    }
+
+    /// A server-side apply that would change fields other managers own (`NewApplyConflict`).
+    pub fn apply_conflict(message: String, causes: Vec<Cause>) -> Self {
+        Self {
+            details: Some(Box::new(Details { causes, ..Default::default() })),
+            ..Self::new(409, "Conflict", message)
+        }
+    }
+
     /// The optimistic-concurrency failure clients retry on.
     pub fn modified(gr: &GroupResource, name: &str) -> Self {
         Self::conflict(

@@ -156,6 +156,7 @@ impl Registry {
             None,
             Some(Subresource::Status),
             &WriteOptions::default(),
+            None,
             |current| {
                 let latest: PodDisruptionBudget =
                     serde_json::from_value(current.clone()).map_err(StatusError::internal)?;

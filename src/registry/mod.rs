@@ -10,6 +10,7 @@ pub mod bootstrap;
 mod certificates;
 pub mod error;
 mod eviction;
+pub mod fieldmanager;
 pub mod kinds;
 mod noderestriction;
 pub mod patch;
@@ -60,6 +61,15 @@ pub struct WriteOptions {
     pub node: Option<String>,
     /// Who makes the write (for RBAC's escalation checks); `None` inside the server.
     pub requester: Option<rbac::Requester>,
+    /// The manager `metadata.managedFields` records the write under (`fieldManager`, or the
+    /// client's user agent); `None`: no one is recorded.
+    pub field_manager: Option<String>,
+}
+
+/// A server-side apply's configuration, as the fields it sets.
+struct Applied {
+    fields: fieldmanager::FieldSet,
+    force: bool,
 }
 
 /// The outcome of a write: the object as stored and any warnings for the client.
@@ -317,6 +327,18 @@ impl Registry {
 
     /// POST: create an object in `ns`.
     pub async fn create(&self, r: &Resource, ns: Option<&str>, body: Value, opts: &WriteOptions) -> Result<Written> {
+        self.create_with(r, ns, body, opts, None).await
+    }
+
+    /// A create, made by an update or by an apply of `applied`.
+    async fn create_with(
+        &self,
+        r: &Resource,
+        ns: Option<&str>,
+        body: Value,
+        opts: &WriteOptions,
+        applied: Option<&Applied>,
+    ) -> Result<Written> {
         let info = *r.info();
         let mut obj = Self::check_body(r, body)?;
         let meta = strategy::meta_mut(&mut obj);
@@ -383,6 +405,7 @@ impl Registry {
         }
         let mut obj = obj;
         warnings.extend(self.admit_pod_security(r, &obj, None, None)?);
+        manage_fields(r, None, &mut obj, None, opts, Vec::new(), applied)?;
         let key = Self::key(r, info.namespaced.then_some(ns.as_str()), &name);
         let reserved = if is_service(r) {
             if self.store.get(&key).is_some() {
@@ -456,7 +479,20 @@ impl Registry {
             ));
         }
         let wanted_rv = parse_rv(strategy::str_at(&new, &["metadata", "resourceVersion"]).as_deref())?;
-        self.guaranteed_update(r, ns, name, wanted_rv, subresource, opts, |_| Ok(new.clone())).await
+        // A uid in the body is a precondition (upstream's `defaultUpdatedObjectInfo.Preconditions`).
+        let uid = strategy::str_at(&new, &["metadata", "uid"]).filter(|u| !u.is_empty());
+        self.guaranteed_update(r, ns, name, wanted_rv, subresource, opts, None, |current| {
+            let stored = strategy::str_at(current, &["metadata", "uid"]).unwrap_or_default();
+            match &uid {
+                Some(uid) if *uid != stored => Err(StatusError::conflict(
+                    &r.info().group_resource(),
+                    name,
+                    format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {stored}"),
+                )),
+                _ => Ok(new.clone()),
+            }
+        })
+        .await
     }
 
     /// PATCH in any of the three patch formats.
@@ -472,10 +508,11 @@ impl Registry {
         opts: &WriteOptions,
     ) -> Result<Written> {
         let keys: Vec<patch::MergeKey> = patch::METADATA_MERGE_KEYS.iter().chain(r.merge_keys()).copied().collect();
-        self.guaranteed_update(r, ns, name, None, subresource, opts, |current| {
+        self.guaranteed_update(r, ns, name, None, subresource, opts, None, |current| {
             let patched =
                 patch::apply(current, patch, pt, &keys).map_err(|e| StatusError::bad_request(e.to_string()))?;
             let obj = Self::check_body(r, patched)?;
+            check_name(&obj, name, ns)?;
             // A resourceVersion in the patch is a precondition.
             let asked = strategy::str_at(&obj, &["metadata", "resourceVersion"]);
             let have = strategy::str_at(current, &["metadata", "resourceVersion"]);
@@ -483,6 +520,62 @@ impl Registry {
                 return Err(StatusError::modified(&r.info().group_resource(), name));
             }
             Ok(obj)
+        })
+        .await
+    }
+
+    /// PATCH with `application/apply-patch+yaml`: server-side apply of `config` by
+    /// `opts.field_manager`, creating the object if it does not exist (upstream's apply patcher).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn apply(
+        &self,
+        r: &Resource,
+        ns: Option<&str>,
+        name: &str,
+        config: Value,
+        subresource: Option<Subresource>,
+        opts: &WriteOptions,
+        force: bool,
+    ) -> Result<Written> {
+        let mut config = Self::check_body(r, config)?;
+        let meta = strategy::meta_mut(&mut config);
+        if meta.get("managedFields").is_some_and(|m| !m.is_null()) {
+            return Err(StatusError::bad_request("metadata.managedFields must be nil"));
+        }
+        match meta.get("name").and_then(Value::as_str) {
+            Some(n) if n != name => {
+                return Err(StatusError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+            Some(_) => {}
+            None => {
+                meta.insert("name".into(), json!(name));
+            }
+        }
+        let schema = fieldmanager::Schema::new(r.merge_keys());
+        let applied = Applied { fields: schema.fields_of(&config)?, force };
+        match self.get(r, ns, name) {
+            Err(e) if e.code == 404 && subresource.is_none() => {
+                let mut w = self.create_with(r, ns, config, opts, Some(&applied)).await?;
+                w.created = true;
+                return Ok(w);
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let writer_api = r.info().api_version();
+        self.guaranteed_update(r, ns, name, None, subresource, opts, Some(&applied), |current| {
+            let asked = strategy::str_at(&config, &["metadata", "resourceVersion"]);
+            if asked.is_some() && asked != strategy::str_at(current, &["metadata", "resourceVersion"]) {
+                return Err(StatusError::modified(&r.info().group_resource(), name));
+            }
+            let entries = fieldmanager::decode(current["metadata"].get("managedFields"));
+            let mut merged = schema.merge(current, &config);
+            if let Some(w) = writer(r, &writer_api, subresource, opts) {
+                schema.remove(&mut merged, &fieldmanager::to_remove(&entries, &w, &applied.fields));
+            }
+            Ok(merged)
         })
         .await
     }
@@ -498,6 +591,7 @@ impl Registry {
         wanted_rv: Option<u64>,
         subresource: Option<Subresource>,
         opts: &WriteOptions,
+        applied: Option<&Applied>,
         mut mutate: impl FnMut(&Value) -> Result<Value>,
     ) -> Result<Written> {
         let info = *r.info();
@@ -512,6 +606,9 @@ impl Registry {
             // A uid in the new object must be the stored one (upstream's immutable-field rule: how
             // a patch names the object it was made for); an empty one is filled in.
             let given_uid = strategy::str_at(&new, &["metadata", "uid"]).filter(|u| !u.is_empty());
+            let requested_fields = strategy::meta_mut(&mut new).remove("managedFields");
+            let asked_deletion =
+                ["deletionTimestamp", "deletionGracePeriodSeconds"].map(|k| new["metadata"].get(k).cloned());
             keep_server_meta(&mut new, &old, r.generation());
             let other_uid = given_uid.filter(|u| Some(u) != strategy::str_at(&old, &["metadata", "uid"]).as_ref());
             let mut warnings = Vec::new();
@@ -535,6 +632,9 @@ impl Registry {
             if let Some(uid) = other_uid {
                 errs.push(FieldError::invalid("metadata.uid", uid, "field is immutable"));
             }
+            if subresource.is_none() {
+                errs.extend(changed_deletion(&asked_deletion, &old));
+            }
             errs.extend(validate_meta(r, &new, false));
             errs.extend(validate_meta_update(&new, &old));
             if !errs.is_empty() {
@@ -548,6 +648,8 @@ impl Registry {
             if let Some(node) = &opts.node {
                 self.restrict_node(node, r, subresource, noderestriction::Write::Update { old: &old, new: &new })?;
             }
+            let base = base_fields(&old, requested_fields.as_ref(), subresource);
+            manage_fields(r, Some(&old), &mut new, subresource, opts, base, applied)?;
             if new == old {
                 return Ok(Written { object: Self::present(r, &cur)?, warnings, created: false });
             }
@@ -737,6 +839,7 @@ impl Registry {
             None,
             Some(Subresource::Binding),
             &WriteOptions::default(),
+            None,
             |pod| {
                 if let Some(uid) = &uid
                     && strategy::str_at(pod, &["metadata", "uid"]).as_deref() != Some(uid)
@@ -837,6 +940,99 @@ fn generate_name(prefix: &str) -> String {
     let max = 63 - 5;
     let prefix = if prefix.len() > max { &prefix[..max] } else { prefix };
     format!("{prefix}{suffix}")
+}
+
+/// A patched object must keep the name and namespace of its URL (upstream's `checkName`).
+fn check_name(obj: &Value, name: &str, ns: Option<&str>) -> Result<()> {
+    let got = strategy::str_at(obj, &["metadata", "name"]).unwrap_or_default();
+    if got != name {
+        return Err(StatusError::bad_request(format!(
+            "the name of the object ({got}) does not match the name on the URL ({name})"
+        )));
+    }
+    if let (Some(want), Some(got)) = (ns, strategy::str_at(obj, &["metadata", "namespace"]).filter(|n| !n.is_empty()))
+        && got != want
+    {
+        return Err(StatusError::bad_request(format!(
+            "the namespace of the object ({got}) does not match the namespace on the URL ({want})"
+        )));
+    }
+    Ok(())
+}
+
+/// Only the server sets `deletionTimestamp` and `deletionGracePeriodSeconds`: a write naming other
+/// values than the stored ones is invalid (`ValidateObjectMetaUpdate`); leaving them out keeps them.
+fn changed_deletion(asked: &[Option<Value>; 2], old: &Value) -> ErrorList {
+    ["deletionTimestamp", "deletionGracePeriodSeconds"]
+        .iter()
+        .zip(asked)
+        .filter_map(|(k, v)| {
+            let v = v.as_ref().filter(|v| !v.is_null())?;
+            let field = format!("metadata.{k}");
+            (old["metadata"].get(*k) != Some(v)).then(|| match v {
+                Value::String(s) => FieldError::invalid(field, s, "field is immutable"),
+                other => FieldError::invalid_raw(field, other, "field is immutable"),
+            })
+        })
+        .collect()
+}
+
+/// The writer `metadata.managedFields` records, if the write names a manager.
+fn writer<'a>(
+    r: &Resource,
+    api_version: &'a str,
+    sub: Option<Subresource>,
+    opts: &'a WriteOptions,
+) -> Option<fieldmanager::Writer<'a>> {
+    Some(fieldmanager::Writer {
+        manager: opts.field_manager.as_deref()?,
+        api_version,
+        subresource: sub.map_or("", Subresource::name),
+        has_status: r.info().subresources.contains(&Subresource::Status),
+    })
+}
+
+/// The managed fields a write starts from (upstream `decodeLiveOrNew`): those the request sets
+/// itself (`[]` or `[{}]` clears them), else the stored ones; a subresource always the stored ones.
+fn base_fields(old: &Value, requested: Option<&Value>, sub: Option<Subresource>) -> Vec<fieldmanager::Entry> {
+    let stored = old["metadata"].get("managedFields");
+    let Some(requested) = requested.filter(|_| sub.is_none()) else { return fieldmanager::decode(stored) };
+    match requested.as_array().map(Vec::as_slice) {
+        Some([]) => Vec::new(),
+        Some([only]) if only.as_object().is_some_and(Map::is_empty) => Vec::new(),
+        _ => match fieldmanager::decode(Some(requested)) {
+            entries if entries.is_empty() => fieldmanager::decode(stored),
+            entries => entries,
+        },
+    }
+}
+
+/// Records the write of `new` (over `old`, `None` for a create) in its `metadata.managedFields`
+/// (upstream's field manager): an update by `opts.field_manager`, or the apply of `applied`.
+fn manage_fields(
+    r: &Resource,
+    old: Option<&Value>,
+    new: &mut Value,
+    sub: Option<Subresource>,
+    opts: &WriteOptions,
+    mut entries: Vec<fieldmanager::Entry>,
+    applied: Option<&Applied>,
+) -> Result<()> {
+    let schema = fieldmanager::Schema::new(r.merge_keys());
+    // Admission may have copied the stored ones back (a status update starts from the stored object).
+    strategy::meta_mut(new).remove("managedFields");
+    let cmp = schema.compare(old.unwrap_or(&json!({})), new);
+    let api_version = r.info().api_version();
+    let now = timestamp(Utc::now());
+    match (writer(r, &api_version, sub, opts), applied) {
+        (Some(w), Some(a)) => fieldmanager::apply(&mut entries, &cmp, &a.fields, &w, a.force, &now)?,
+        (Some(w), None) => fieldmanager::update(&mut entries, cmp, &w, &now),
+        (None, _) => fieldmanager::forget_removed(&mut entries, &cmp),
+    }
+    if !entries.is_empty() {
+        strategy::meta_mut(new).insert("managedFields".into(), fieldmanager::encode(&mut entries));
+    }
+    Ok(())
 }
 
 /// Sets the fields the server owns on create.

@@ -81,8 +81,9 @@ impl Registry {
         }
         let replicas = replicas_of(&scale, name)?;
         let wanted_rv = parse_rv(strategy::str_at(&scale, &["metadata", "resourceVersion"]).as_deref())?;
-        let w =
-            self.guaranteed_update(r, ns, name, wanted_rv, None, opts, |old| Ok(scaled(old.clone(), replicas))).await?;
+        let w = self
+            .guaranteed_update(r, ns, name, wanted_rv, None, opts, None, |old| Ok(scaled(old.clone(), replicas)))
+            .await?;
         to_bytes(&scale_of(&serde_json::from_slice(&w.object).map_err(StatusError::internal)?))
     }
 
@@ -98,7 +99,7 @@ impl Registry {
     ) -> Result<bytes::Bytes> {
         let gr = r.info().group_resource();
         let w = self
-            .guaranteed_update(r, ns, name, None, None, opts, |current| {
+            .guaranteed_update(r, ns, name, None, None, opts, None, |current| {
                 let before = scale_of(current);
                 let patched = patch::apply(&before, body, pt, patch::METADATA_MERGE_KEYS)
                     .map_err(|e| StatusError::bad_request(e.to_string()))?;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType as EtcdEvent, GetOptions, Identity, KeyValue,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use serde_json::Value;
 use tokio::sync::watch;
@@ -37,6 +37,9 @@ const COMPACTION_INTERVAL: Duration = Duration::from_secs(300);
 /// The key the servers of one etcd agree on compaction rounds through.
 const COMPACT_REV_KEY: &str = "compact_rev_key";
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long one lease serves the writes of an expiring prefix at most (kube-apiserver's
+/// `leaseReuseDurationSeconds`).
+const LEASE_REUSE: Duration = Duration::from_secs(60);
 
 /// How to reach etcd.
 #[derive(Debug, Clone)]
@@ -79,6 +82,9 @@ pub(super) struct Etcd {
     /// Objects this server wrote, by key and revision, until the watch brings their events: they
     /// are used as they are instead of being decoded again.
     written: Mutex<HashMap<(String, u64), Arc<Object>>>,
+    /// Key prefixes that expire, with their time to live, and the lease each currently uses.
+    expiring: Vec<(String, Duration)>,
+    leases: tokio::sync::Mutex<HashMap<String, (i64, tokio::time::Instant)>>,
 }
 
 /// The first key after every key starting with `prefix`.
@@ -135,6 +141,26 @@ impl Members {
             options = options.with_tls(tls);
         }
         Ok(Members { config: config.clone(), options, current: Mutex::new((0, None)) })
+    }
+
+    /// Puts `value` at `key` unless the key exists; returns what the key holds afterwards. Safe to
+    /// repeat: a create whose answer was lost finds its own value.
+    async fn create_if_absent(&self, key: &str, value: Vec<u8>) -> Result<Vec<u8>> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, value.clone(), None)])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self
+            .run(true, |client| {
+                let txn = txn.clone();
+                async move { client.kv_client().txn(txn).await }
+            })
+            .await?;
+        let held = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        });
+        Ok(held.unwrap_or(value))
     }
 
     /// The member in use and its client.
@@ -289,14 +315,65 @@ pub(super) async fn open(config: Config, options: Options) -> Result<Store> {
     tracing::info!("etcd at {} holds {} objects at revision {revision}", config.describe(), objects.len());
     let state = State { objects, revision, ..Default::default() };
     let (applied, _) = watch::channel(revision);
-    let etcd = Etcd { members: members.clone(), config: config.clone(), applied, written: Mutex::new(HashMap::new()) };
-    let store = Store::with(state, &options, Backend::Etcd(etcd));
+    let etcd = Etcd {
+        members: members.clone(),
+        config: config.clone(),
+        applied,
+        written: Mutex::new(HashMap::new()),
+        expiring: options.expiring.clone(),
+        leases: tokio::sync::Mutex::new(HashMap::new()),
+    };
+    let store = Store::with(state, &options, Backend::Etcd(Box::new(etcd)));
     tokio::spawn(follow(Arc::downgrade(&store.inner), members.clone(), revision));
     tokio::spawn(compact(Arc::downgrade(&store.inner), members));
     Ok(store)
 }
 
 impl Etcd {
+    /// Stores `value` at `key` (outside the objects' prefix) unless something is there already;
+    /// returns what is there afterwards.
+    pub(super) async fn create_shared(&self, key: &str, value: Vec<u8>) -> Result<Vec<u8>> {
+        self.members.create_if_absent(key, value).await
+    }
+
+    /// A linearizable read of the key `health`, as kube-apiserver's etcd health check.
+    pub(super) async fn health(&self) -> Result<()> {
+        self.members.run(true, |mut client| async move { client.get("health", None).await }).await.map(drop)
+    }
+
+    /// The bytes at `key` (outside the objects' prefix), if any.
+    pub(super) async fn get_shared(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let resp = self
+            .members
+            .run(true, |mut client| {
+                let key = key.to_string();
+                async move { client.get(key, None).await }
+            })
+            .await?;
+        Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    /// The lease a write to `key` is attached to, when its prefix expires: as kube-apiserver's
+    /// lease manager, one lease serves the writes of a short while (5 % of the TTL, a minute at
+    /// most; each key then lives the TTL plus up to that while), so a burst of events costs one
+    /// grant instead of one each.
+    async fn lease_for(&self, key: &str) -> Result<Option<i64>> {
+        let Some((prefix, ttl)) = self.expiring.iter().find(|(prefix, _)| key.starts_with(prefix.as_str())) else {
+            return Ok(None);
+        };
+        let reuse = (*ttl / 20).min(LEASE_REUSE);
+        let mut leases = self.leases.lock().await;
+        if let Some((id, granted)) = leases.get(prefix)
+            && granted.elapsed() < reuse
+        {
+            return Ok(Some(*id));
+        }
+        let seconds = (*ttl + reuse).as_secs_f64().ceil() as i64;
+        let lease = self.members.run(true, |mut client| async move { client.lease_grant(seconds, None).await }).await?;
+        leases.insert(prefix.clone(), (lease.id(), tokio::time::Instant::now()));
+        Ok(Some(lease.id()))
+    }
+
     /// One write as a transaction; acknowledged once the index shows it.
     pub(super) async fn write(&self, inner: &Inner, key: String, pre: Precondition, op: Op) -> Result<Arc<Object>> {
         let etcd_key = format!("{}{key}", self.config.prefix);
@@ -310,7 +387,8 @@ impl Etcd {
                     meta.remove("resourceVersion");
                 }
                 let bytes = serde_json::to_vec(&value)?;
-                (value, TxnOp::put(etcd_key.clone(), bytes, None))
+                let options = self.lease_for(&key).await?.map(|lease| PutOptions::new().with_lease(lease));
+                (value, TxnOp::put(etcd_key.clone(), bytes, options))
             }
             Op::Delete(value) => (value, TxnOp::delete(etcd_key.clone(), None)),
         };
@@ -376,7 +454,6 @@ async fn follow(inner: Weak<Inner>, members: Arc<Members>, mut revision: u64) {
         }
         let options = WatchOptions::new()
             .with_range(prefix_end(&config.prefix))
-            .with_prev_key()
             .with_progress_notify()
             .with_start_revision(revision as i64 + 1);
         let mut member = members.current.lock().unwrap_or_else(|e| e.into_inner()).0;
@@ -443,8 +520,9 @@ async fn follow(inner: Weak<Inner>, members: Arc<Members>, mut revision: u64) {
             }
             if let Some(etcd) = etcd_of(&inner) {
                 let header = resp.header().map_or(0, |h| h.revision()) as u64;
-                // A progress notification says nothing changed up to its revision.
-                if resp.events().is_empty() && header > revision {
+                // A progress notification says nothing changed up to its revision. The answer that
+                // creates the watch does not: its header is etcd's revision, whose events may follow.
+                if resp.events().is_empty() && !resp.created() && header > revision {
                     revision = header;
                     inner.state.write().unwrap_or_else(|e| e.into_inner()).revision = header;
                 }
@@ -478,13 +556,13 @@ fn events(inner: &Inner, changes: &[etcd_client::Event]) -> Result<Vec<Arc<Event
                 Event { rv, kind, key: key.into(), object: etcd.object_of(key, kv.value(), rv)?, prev }
             }
             EtcdEvent::Delete => {
-                // The final state: as this server wrote it, else the last value, at the delete's revision.
+                // The final state: as this server wrote it, else the last value the index holds (the
+                // watch carries no previous values: the index has them all), at the delete's revision.
                 let written = etcd.written.lock().unwrap_or_else(|e| e.into_inner()).remove(&(key.to_string(), rv));
-                let object = match (written, change.prev_kv(), &prev) {
-                    (Some(object), _, _) => object,
-                    (None, Some(last), _) => decode(key, last.value(), rv)?,
-                    (None, None, Some(cached)) => decode(key, &cached.data, rv)?,
-                    (None, None, None) => continue,
+                let object = match (written, &prev) {
+                    (Some(object), _) => object,
+                    (None, Some(cached)) => decode(key, &cached.data, rv)?,
+                    (None, None) => continue,
                 };
                 Event { rv, kind: EventType::Deleted, key: key.into(), object, prev }
             }
@@ -564,4 +642,44 @@ async fn compact(inner: Weak<Inner>, members: Arc<Members>) {
         }
         previous = current;
     }
+}
+
+/// Copies every object of `from` into etcd under the prefix, keys in order, each created only if
+/// absent; an etcd that already holds keys under the prefix is refused, so nothing is overwritten.
+/// The objects' new resourceVersions are etcd's revisions. Returns how many were copied.
+pub async fn migrate(from: &Store, to: &Config, mut progress: impl FnMut(usize, usize)) -> Result<usize> {
+    let members = Members::new(to)?;
+    let prefix = to.prefix.clone();
+    let held = members
+        .run(true, |mut client| {
+            let (prefix, end) = (prefix.clone(), prefix_end(&prefix));
+            async move { client.get(prefix, Some(GetOptions::new().with_range(end).with_count_only())).await }
+        })
+        .await?
+        .count();
+    if held > 0 {
+        return Err(Error::NotEmpty {
+            endpoint: to.describe(),
+            why: format!("already holds {held} keys under {prefix}: migrate into an etcd cairn has not used"),
+        });
+    }
+    let listing = from.list("", None);
+    let total = listing.items.len();
+    for (done, (key, object)) in listing.items.iter().enumerate() {
+        let mut value: Value =
+            serde_json::from_slice(&object.data).map_err(|source| Error::Corrupt { key: key.clone(), source })?;
+        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+        }
+        let etcd_key = format!("{prefix}{key}");
+        let bytes = serde_json::to_vec(&value)?;
+        if members.create_if_absent(&etcd_key, bytes.clone()).await? != bytes {
+            return Err(Error::NotEmpty {
+                endpoint: to.describe(),
+                why: format!("had {key} written by someone else during the copy"),
+            });
+        }
+        progress(done + 1, total);
+    }
+    Ok(total)
 }

@@ -66,6 +66,9 @@ pub enum Error {
     /// The datastore did not answer in time.
     #[error("the datastore {endpoint} did not answer in time")]
     Timeout { endpoint: String },
+    /// A migration found the target datastore already in use.
+    #[error("the datastore {endpoint} {why}")]
+    NotEmpty { endpoint: String, why: String },
     #[error("encoding the object: {0}")]
     Encode(#[from] serde_json::Error),
 }
@@ -118,7 +121,7 @@ enum Backend {
     /// sled's writer thread: it assigns revisions, commits in groups and updates the index.
     Sled(mpsc::Sender<sled_store::WriteRequest>),
     /// etcd: revisions are its own; its watch updates the index.
-    Etcd(etcd::Etcd),
+    Etcd(Box<etcd::Etcd>),
 }
 
 /// Counters of the writer, for benchmarks and tests.
@@ -145,11 +148,15 @@ pub struct Options {
     pub history: usize,
     /// How many bytes of objects the watch history keeps at most.
     pub history_bytes: usize,
+    /// Keys under these prefixes that etcd removes by itself this long after their last write
+    /// (kube-apiserver's `--event-ttl` through etcd leases). The embedded store ignores it: there
+    /// the event TTL controller deletes them.
+    pub expiring: Vec<(String, std::time::Duration)>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { cache_bytes: 16 << 20, history: 10_000, history_bytes: 32 << 20 }
+        Self { cache_bytes: 16 << 20, history: 10_000, history_bytes: 32 << 20, expiring: Vec::new() }
     }
 }
 
@@ -218,6 +225,29 @@ impl Store {
         Listing { items, revision: state.revision }
     }
 
+    /// Waits up to `limit` for the store to reach revision `rv` (one another server on the same
+    /// datastore may have answered already); whether it did. Upstream's `waitUntilFreshAndBlock`.
+    pub async fn wait_for(&self, rv: u64, limit: std::time::Duration) -> bool {
+        if self.revision() >= rv {
+            return true;
+        }
+        // Subscribed before looking again, so a write in between is not missed.
+        let mut sub = self.inner.hub.subscribe_now();
+        if self.revision() >= rv {
+            return true;
+        }
+        let reached = async {
+            loop {
+                match sub.next().await {
+                    Ok(e) if e.rv >= rv => return true,
+                    Ok(_) => {}
+                    Err(_) => return self.revision() >= rv,
+                }
+            }
+        };
+        tokio::time::timeout(limit, reached).await.unwrap_or(false)
+    }
+
     /// Subscribes to every event after revision `from`.
     pub fn watch(&self, from: u64) -> Result<Subscription> {
         self.inner.hub.subscribe(from)
@@ -232,6 +262,15 @@ impl Store {
         (listing, sub)
     }
 
+    /// Whether the datastore answers: always for the embedded store; for etcd, a quorum read (the
+    /// check kube-apiserver's `/readyz/etcd` makes).
+    pub async fn healthy(&self) -> Result<()> {
+        match &self.inner.backend {
+            Backend::Sled(_) => Ok(()),
+            Backend::Etcd(etcd) => etcd.health().await,
+        }
+    }
+
     /// Commits one write durably and returns the stored object (for a delete, its final state).
     pub async fn write(&self, key: String, pre: Precondition, op: Op) -> Result<Arc<Object>> {
         match &self.inner.backend {
@@ -242,6 +281,30 @@ impl Store {
             }
             Backend::Etcd(etcd) => etcd.write(&self.inner, key, pre, op).await,
         }
+    }
+
+    /// Bytes every server of one datastore shares outside the API (k3s's bootstrap data), at `key`
+    /// beside the objects' prefix. `None` on the embedded store, which one server has to itself.
+    pub async fn shared(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        match &self.inner.backend {
+            Backend::Sled(_) => Ok(None),
+            Backend::Etcd(etcd) => etcd.get_shared(key).await,
+        }
+    }
+
+    /// Stores `value` at `key` unless another server stored something first; returns what the
+    /// datastore holds afterwards (`value` itself on the embedded store).
+    pub async fn share(&self, key: &str, value: Vec<u8>) -> Result<Vec<u8>> {
+        match &self.inner.backend {
+            Backend::Sled(_) => Ok(value),
+            Backend::Etcd(etcd) => etcd.create_shared(key, value).await,
+        }
+    }
+
+    /// Whether other servers may share this store (etcd): they then elect who runs the
+    /// scheduler and the controllers.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.inner.backend, Backend::Etcd(_))
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {

@@ -149,7 +149,11 @@ async fn list_and_watch_miss_nothing() {
 #[tokio::test]
 async fn history_is_bounded_by_bytes_too() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), Options { cache_bytes: 1 << 20, history: 1000, history_bytes: 4096 }).unwrap();
+    let store = Store::open(
+        dir.path(),
+        Options { cache_bytes: 1 << 20, history: 1000, history_bytes: 4096, ..Default::default() },
+    )
+    .unwrap();
     let start = store.revision();
     let big = json!({"metadata": {"name": "big"}, "data": {"k": "x".repeat(3000)}});
     let a = store.write("c/big".into(), Precondition::Absent, Op::Put(big.clone())).await.unwrap();
@@ -226,6 +230,10 @@ impl EtcdMember {
     }
 
     async fn store(&self, history: usize) -> Store {
+        self.store_with(Options { history, ..Default::default() }).await
+    }
+
+    async fn store_with(&self, options: Options) -> Store {
         let config = etcd::Config {
             endpoints: vec![self.url.clone()],
             ca_file: None,
@@ -233,7 +241,7 @@ impl EtcdMember {
             key_file: None,
             prefix: etcd::DEFAULT_PREFIX.into(),
         };
-        Store::open_etcd(config, Options { history, ..Default::default() }).await.unwrap()
+        Store::open_etcd(config, options).await.unwrap()
     }
 }
 
@@ -295,4 +303,59 @@ async fn etcd_writes_keep_preconditions_and_revisions() {
     let seen = watched.next().await.unwrap();
     assert_eq!((&*seen.key, seen.rv, seen.kind), ("c/theirs", theirs.rv, EventType::Added));
     assert_eq!(store.get("c/theirs").map(|o| o.rv), Some(theirs.rv));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_removes_expiring_keys_by_itself() {
+    let etcd = EtcdMember::start();
+    let ttl = std::time::Duration::from_secs(2);
+    let store = etcd.store_with(Options { expiring: vec![("events/".into(), ttl)], ..Default::default() }).await;
+    let (_, mut watched) = store.list_and_watch("");
+    store.write("events/a".into(), Precondition::Absent, Op::Put(obj("a"))).await.unwrap();
+    store.write("events/b".into(), Precondition::Absent, Op::Put(obj("b"))).await.unwrap();
+    store.write("c/kept".into(), Precondition::Absent, Op::Put(obj("kept"))).await.unwrap();
+    let mut gone = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    while gone.len() < 2 {
+        let event = tokio::time::timeout_at(deadline, watched.next()).await.expect("the events expire").unwrap();
+        if event.kind == EventType::Deleted {
+            gone.push(event.key.to_string());
+        }
+    }
+    gone.sort();
+    assert_eq!(gone, ["events/a", "events/b"]);
+    assert!(store.get("events/a").is_none() && store.get("c/kept").is_some());
+}
+
+/// etcd gives several keys one revision (an expired lease's keys go in one deletion): a subscriber
+/// gets every one of them, also when it lags behind the live channel in the middle of them.
+#[tokio::test]
+async fn every_event_of_one_revision_is_delivered_once() {
+    let hub = Arc::new(Hub::new(0, 2 * watch::LIVE_CAPACITY, 1 << 30));
+    let event = |rv: u64, key: &str| {
+        let object = Arc::new(Object { rv, data: Bytes::from_static(b"{}") });
+        Arc::new(Event { rv, kind: EventType::Deleted, key: key.into(), object, prev: None })
+    };
+    let keys_of = |sub: &mut watch::Subscription, n: usize| {
+        let mut keys = Vec::new();
+        for _ in 0..n {
+            let next = futures::executor::block_on(sub.next()).unwrap();
+            keys.push(next.key.to_string());
+        }
+        keys
+    };
+    let mut live = hub.subscribe(0).unwrap();
+    hub.publish(vec![event(1, "a"), event(2, "b"), event(2, "c")]);
+    assert_eq!(keys_of(&mut live, 3), ["a", "b", "c"]);
+    let mut from_history = hub.subscribe(1).unwrap();
+    assert_eq!(keys_of(&mut from_history, 2), ["b", "c"], "after revision 1: both of revision 2");
+
+    // Reads one of revision 3's two events, then falls behind by more than the live channel holds.
+    let mut slow = hub.subscribe(2).unwrap();
+    hub.publish(vec![event(3, "d"), event(3, "e")]);
+    assert_eq!(keys_of(&mut slow, 1), ["d"]);
+    hub.publish((0..watch::LIVE_CAPACITY as u64 + 10).map(|i| event(4 + i, "x")).collect());
+    assert_eq!(keys_of(&mut slow, 2), ["e", "x"], "the rest of revision 3, once, then on");
+    let next = futures::executor::block_on(slow.next()).unwrap();
+    assert_eq!(next.rv, 5);
 }

@@ -94,13 +94,13 @@ impl Hub {
     /// Subscribes to events after `from`, replaying history first.
     pub(super) fn subscribe(self: &Arc<Self>, from: u64) -> Result<Subscription> {
         let (backlog, rx) = self.replay(from)?;
-        Ok(Subscription { backlog, rx, last: from, hub: Arc::downgrade(self) })
+        Ok(Subscription { backlog, rx, last: from, at_last: 0, hub: Arc::downgrade(self) })
     }
 
     /// Subscribes to events from now on.
     pub(super) fn subscribe_now(self: &Arc<Self>) -> Subscription {
         let st = self.lock();
-        Subscription { backlog: VecDeque::new(), rx: st.tx.subscribe(), last: 0, hub: Arc::downgrade(self) }
+        Subscription { backlog: VecDeque::new(), rx: st.tx.subscribe(), last: 0, at_last: 0, hub: Arc::downgrade(self) }
     }
 
     /// The history after `from` and a live receiver taken under one lock, so that together they
@@ -120,6 +120,10 @@ pub struct Subscription {
     backlog: VecDeque<Arc<Event>>,
     rx: Live,
     last: u64,
+    /// How many events of revision `last` were delivered: one etcd revision may hold several (the
+    /// keys of an expired lease go together). 0 when `last` is a snapshot's or a start point, which
+    /// covers all of them.
+    at_last: usize,
     /// Where a subscriber that lagged behind the live channel catches up. Weak, so that the store
     /// closing still ends every subscription.
     hub: Weak<Hub>,
@@ -128,7 +132,10 @@ pub struct Subscription {
 impl Subscription {
     /// Skips events up to and including `rv` (they are already reflected in a snapshot).
     pub fn skip_through(&mut self, rv: u64) {
-        self.last = self.last.max(rv);
+        if rv >= self.last {
+            self.last = rv;
+            self.at_last = 0;
+        }
         self.backlog.retain(|e| e.rv > rv);
     }
 
@@ -147,7 +154,18 @@ impl Subscription {
                     Ok(e) => e,
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         let hub = self.hub.upgrade().ok_or(Error::Closed)?;
-                        (self.backlog, self.rx) = hub.replay(self.last)?;
+                        // From the start of the revision last delivered in part, without what of it
+                        // was delivered already (a revision's events keep their order).
+                        let partial = self.at_last > 0;
+                        (self.backlog, self.rx) = hub.replay(self.last - u64::from(partial))?;
+                        let (last, mut delivered) = (self.last, if partial { self.at_last } else { 0 });
+                        self.backlog.retain(|e| match e.rv == last && delivered > 0 {
+                            true => {
+                                delivered -= 1;
+                                false
+                            }
+                            false => true,
+                        });
                         continue;
                     }
                     Err(broadcast::error::RecvError::Closed) => return Err(Error::Closed),
@@ -155,6 +173,11 @@ impl Subscription {
             };
             if event.rv > self.last {
                 self.last = event.rv;
+                self.at_last = 1;
+                return Ok(event);
+            }
+            if event.rv == self.last && self.at_last > 0 {
+                self.at_last += 1;
                 return Ok(event);
             }
         }
