@@ -192,6 +192,7 @@ async fn start_control_plane(
     let options = store::Options {
         cache_bytes: cfg.store_cache_mib << 20,
         expiring: vec![("events/".into(), controllers::EVENT_TTL)],
+        deferred: registry::deferred_keys(),
         ..Default::default()
     };
     let store = match &cfg.datastore {
@@ -303,6 +304,14 @@ async fn start_control_plane(
             let _ = endpoints.await;
         });
     }
+    // A clean stop takes the deferred writes (node Lease renewals) to disk once the API is done.
+    let (api, store) = (done, registry.store().clone());
+    done = tokio::spawn(async move {
+        let _ = api.await;
+        if let Err(e) = store.sync().await {
+            tracing::warn!("taking the last node Lease renewals to disk failed: {e}");
+        }
+    });
     let cluster = cfg.cluster();
     if let Some(c) = &cluster {
         let _ = state.cluster.set(c.clone());

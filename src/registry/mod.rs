@@ -887,6 +887,12 @@ fn check_fields(r: &Resource, fields: &FieldSelector) -> Result<()> {
 }
 
 /// Whether an object passes label and field selectors.
+/// Keys whose updates the embedded store may take to disk with the next flush (see
+/// [`store::Options::deferred`]).
+pub fn deferred_keys() -> Vec<String> {
+    vec![kinds::coordination::node_heartbeat_keys()]
+}
+
 pub fn matches(r: &Resource, obj: &Value, labels: &LabelSelector, fields: &FieldSelector) -> bool {
     labels.matches(obj["metadata"].get("labels").and_then(Value::as_object)) && fields.matches(|f| r.field(obj, f))
 }

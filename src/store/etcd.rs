@@ -439,7 +439,7 @@ impl Etcd {
 fn etcd_of(inner: &Inner) -> Option<&Etcd> {
     match &inner.backend {
         Backend::Etcd(etcd) => Some(etcd),
-        Backend::Sled(_) => None,
+        Backend::Sled(..) => None,
     }
 }
 

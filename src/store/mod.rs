@@ -10,7 +10,10 @@
 //!   restarts (it is persisted in the same atomic batch as the objects).
 //! - A write is acknowledged only after sled has flushed it to disk. Writes arriving while a flush is in
 //!   progress are committed together with one flush (group commit): one writer thread takes every
-//!   pending write, applies them as one atomic batch, flushes once, then answers them all.
+//!   pending write, applies them as one atomic batch, flushes once, then answers them all. The one
+//!   exception is an update under a prefix in [`Options::deferred`] (the local node's Lease): it
+//!   reaches the disk with the next flush, and a crash may lose it, never a revision it was given
+//!   (the counter on disk is kept ahead of such revisions).
 //! - Readers never see a write before it is durable: the in-memory index that serves reads and watches
 //!   is updated after the flush.
 //!
@@ -114,12 +117,14 @@ struct Inner {
     backend: Backend,
     flushes: AtomicU64,
     committed: AtomicU64,
+    deferred: AtomicU64,
 }
 
 /// Where writes go.
 enum Backend {
-    /// sled's writer thread: it assigns revisions, commits in groups and updates the index.
-    Sled(mpsc::Sender<sled_store::WriteRequest>),
+    /// sled's writer thread: it assigns revisions, commits in groups and updates the index; and the
+    /// database, for a final flush.
+    Sled(mpsc::Sender<sled_store::WriteRequest>, sled::Db),
     /// etcd: revisions are its own; its watch updates the index.
     Etcd(Box<etcd::Etcd>),
 }
@@ -131,6 +136,8 @@ pub struct Stats {
     pub flushes: u64,
     /// Writes committed.
     pub writes: u64,
+    /// Writes committed without a flush of their own (see [`Options::deferred`]).
+    pub deferred: u64,
 }
 
 /// Handle to the store; cheap to clone.
@@ -152,11 +159,23 @@ pub struct Options {
     /// (kube-apiserver's `--event-ttl` through etcd leases). The embedded store ignores it: there
     /// the event TTL controller deletes them.
     pub expiring: Vec<(String, std::time::Duration)>,
+    /// Keys under these prefixes whose updates the embedded store answers from memory and takes to
+    /// disk with the next flushed write (or a clean stop) instead of flushing each: records that
+    /// only this process reads before it writes them again, so that a crash loses nothing but one
+    /// renewal (the local node's Lease). Creates and deletes under them are flushed as always; etcd
+    /// ignores the option (other servers read what is there).
+    pub deferred: Vec<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { cache_bytes: 16 << 20, history: 10_000, history_bytes: 32 << 20, expiring: Vec::new() }
+        Self {
+            cache_bytes: 16 << 20,
+            history: 10_000,
+            history_bytes: 32 << 20,
+            expiring: Vec::new(),
+            deferred: Vec::new(),
+        }
     }
 }
 
@@ -180,6 +199,7 @@ impl Store {
                 backend,
                 flushes: AtomicU64::new(0),
                 committed: AtomicU64::new(0),
+                deferred: AtomicU64::new(0),
             }),
         }
     }
@@ -189,6 +209,7 @@ impl Store {
         Stats {
             flushes: self.inner.flushes.load(Ordering::Relaxed),
             writes: self.inner.committed.load(Ordering::Relaxed),
+            deferred: self.inner.deferred.load(Ordering::Relaxed),
         }
     }
 
@@ -266,15 +287,29 @@ impl Store {
     /// check kube-apiserver's `/readyz/etcd` makes).
     pub async fn healthy(&self) -> Result<()> {
         match &self.inner.backend {
-            Backend::Sled(_) => Ok(()),
+            Backend::Sled(..) => Ok(()),
             Backend::Etcd(etcd) => etcd.health().await,
+        }
+    }
+
+    /// Takes deferred writes ([`Options::deferred`]) to disk: for a clean stop.
+    pub async fn sync(&self) -> Result<()> {
+        match &self.inner.backend {
+            Backend::Sled(_, db) => {
+                let db = db.clone();
+                tokio::task::spawn_blocking(move || db.flush().map(drop))
+                    .await
+                    .map_err(|_| Error::Closed)?
+                    .map_err(Error::Write)
+            }
+            Backend::Etcd(_) => Ok(()),
         }
     }
 
     /// Commits one write durably and returns the stored object (for a delete, its final state).
     pub async fn write(&self, key: String, pre: Precondition, op: Op) -> Result<Arc<Object>> {
         match &self.inner.backend {
-            Backend::Sled(writes) => {
+            Backend::Sled(writes, _) => {
                 let (reply, rx) = oneshot::channel();
                 writes.send(sled_store::WriteRequest { key, pre, op, reply }).map_err(|_| Error::Closed)?;
                 rx.await.map_err(|_| Error::Closed)?
@@ -287,7 +322,7 @@ impl Store {
     /// beside the objects' prefix. `None` on the embedded store, which one server has to itself.
     pub async fn shared(&self, key: &str) -> Result<Option<Vec<u8>>> {
         match &self.inner.backend {
-            Backend::Sled(_) => Ok(None),
+            Backend::Sled(..) => Ok(None),
             Backend::Etcd(etcd) => etcd.get_shared(key).await,
         }
     }
@@ -296,7 +331,7 @@ impl Store {
     /// datastore holds afterwards (`value` itself on the embedded store).
     pub async fn share(&self, key: &str, value: Vec<u8>) -> Result<Vec<u8>> {
         match &self.inner.backend {
-            Backend::Sled(_) => Ok(value),
+            Backend::Sled(..) => Ok(value),
             Backend::Etcd(etcd) => etcd.create_shared(key, value).await,
         }
     }

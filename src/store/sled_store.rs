@@ -1,6 +1,7 @@
 //! The sled backend: one writer thread takes every pending write, stages them in order against the
 //! index (each seeing the ones before it), applies them to sled as one atomic batch with the revision
-//! counter, flushes once, then makes them visible and answers them all (group commit).
+//! counter, flushes once, then makes them visible and answers them all (group commit). A batch of
+//! nothing but deferred updates ([`super::Options::deferred`]) skips the flush.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,6 +18,10 @@ use super::{Backend, Error, Event, EventType, Inner, Object, Op, Options, Precon
 const REVISION_KEY: &[u8] = b"\0revision";
 /// Most writes committed in one batch.
 const MAX_BATCH: usize = 512;
+/// Revisions reserved on disk ahead of deferred writes: a batch of deferred writes that would
+/// pass the counter on disk is flushed, moving it this far ahead, so at most one in this many
+/// costs a flush.
+const RESERVED_REVISIONS: u64 = 1000;
 
 pub(super) struct WriteRequest {
     pub key: String,
@@ -47,8 +52,9 @@ pub(super) fn open(path: &Path, options: Options) -> Result<Store> {
         state.objects.insert(key, Arc::new(Object { rv, data }));
     }
     let (tx, rx) = mpsc::channel();
-    let store = Store::with(state, &options, Backend::Sled(tx));
-    let writer = Writer { db, inner: Arc::downgrade(&store.inner) };
+    let on_disk = state.revision;
+    let store = Store::with(state, &options, Backend::Sled(tx, db.clone()));
+    let writer = Writer { db, inner: Arc::downgrade(&store.inner), deferred: options.deferred, on_disk };
     thread::Builder::new()
         .name("store-writer".into())
         .spawn(move || writer.run(rx))
@@ -59,6 +65,11 @@ pub(super) fn open(path: &Path, options: Options) -> Result<Store> {
 struct Writer {
     db: sled::Db,
     inner: std::sync::Weak<Inner>,
+    /// Key prefixes whose updates need no flush of their own ([`super::Options::deferred`]).
+    deferred: Vec<String>,
+    /// The revision counter as last flushed. Every revision handed out is either in a flushed
+    /// batch or at most this, so a store reopened after a crash never hands one out twice.
+    on_disk: u64,
 }
 
 struct Staged {
@@ -67,7 +78,7 @@ struct Staged {
 }
 
 impl Writer {
-    fn run(self, rx: mpsc::Receiver<WriteRequest>) {
+    fn run(mut self, rx: mpsc::Receiver<WriteRequest>) {
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -76,15 +87,21 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let Some(inner) = self.inner.upgrade() else { return };
+            let Some(inner) = self.inner.upgrade() else { break };
             self.commit(&inner, batch);
         }
+        // A clean stop: deferred writes go to disk too.
         if let Err(e) = self.db.flush() {
             tracing::error!("final flush of the store failed: {e}");
         }
     }
 
-    fn commit(&self, inner: &Inner, batch: Vec<WriteRequest>) {
+    /// Whether the write can wait for the next flush: an update under a deferred prefix.
+    fn deferrable(&self, event: &Event) -> bool {
+        event.kind == EventType::Modified && self.deferred.iter().any(|p| event.key.starts_with(p.as_str()))
+    }
+
+    fn commit(&mut self, inner: &Inner, batch: Vec<WriteRequest>) {
         // This thread is the only mutator of the index, so it may read it without holding the lock
         // across the batch.
         let lookup = |key: &str| inner.state.read().unwrap_or_else(|e| e.into_inner()).objects.get(key).cloned();
@@ -93,6 +110,7 @@ impl Writer {
         let mut overlay: BTreeMap<String, Option<Arc<Object>>> = BTreeMap::new();
         let mut sled_batch = sled::Batch::default();
         let mut staged = Vec::with_capacity(batch.len());
+        let mut deferrable = true;
         for req in batch {
             let current = match overlay.get(&req.key) {
                 Some(o) => o.clone(),
@@ -100,6 +118,7 @@ impl Writer {
             };
             let result = super::stage(&req.key, req.pre, req.op, current, revision + 1).inspect(|event| {
                 revision = event.rv;
+                deferrable &= self.deferrable(event);
                 match event.kind {
                     EventType::Deleted => {
                         sled_batch.remove(req.key.as_bytes());
@@ -119,8 +138,22 @@ impl Writer {
             }
             return;
         }
-        sled_batch.insert(REVISION_KEY, &revision.to_be_bytes());
-        let durable = self.db.apply_batch(sled_batch).and_then(|_| self.db.flush().map(|_| ()));
+        // Deferred writes within the revisions reserved on disk are applied without a flush (sled
+        // then writes them with the next flush); otherwise the counter goes to disk with the batch,
+        // reserving revisions ahead when the batch is one of deferred writes.
+        let flush = !deferrable || revision > self.on_disk;
+        let mut counter = self.on_disk;
+        if flush {
+            counter = match deferrable {
+                true => revision + RESERVED_REVISIONS,
+                false => revision.max(self.on_disk),
+            };
+            sled_batch.insert(REVISION_KEY, &counter.to_be_bytes());
+        }
+        let durable = self.db.apply_batch(sled_batch).and_then(|_| match flush {
+            true => self.db.flush().map(drop),
+            false => Ok(()),
+        });
         if let Err(e) = durable {
             tracing::error!("committing {} write(s) to disk failed: {e}", staged.len());
             let msg = e.to_string();
@@ -129,7 +162,10 @@ impl Writer {
             }
             return;
         }
-        inner.flushes.fetch_add(1, Ordering::Relaxed);
+        self.on_disk = counter;
+        if flush {
+            inner.flushes.fetch_add(1, Ordering::Relaxed);
+        }
         let mut replies = Vec::with_capacity(staged.len());
         let events: Vec<Arc<Event>> = staged
             .into_iter()
@@ -146,6 +182,9 @@ impl Writer {
             })
             .collect();
         inner.committed.fetch_add(events.len() as u64, Ordering::Relaxed);
+        if !flush {
+            inner.deferred.fetch_add(events.len() as u64, Ordering::Relaxed);
+        }
         super::apply(inner, events, revision);
         for (reply, result) in replies {
             let _ = reply.send(result);

@@ -8,6 +8,14 @@ use crate::registry::validation::{ErrorList, FieldError};
 
 pub struct Leases;
 
+/// Store keys of node heartbeats: the Leases in `kube-node-lease`. Their renewals need no flush of
+/// their own on the embedded store ([`crate::store::Options::deferred`]): the node lifecycle
+/// controller gives every node a full grace period after a restart, within which its agent renews
+/// again (reading the Lease anew when its renewal was lost), so a lost renewal costs nothing.
+pub fn node_heartbeat_keys() -> String {
+    format!("{}/kube-node-lease/", Leases::INFO.storage)
+}
+
 impl Kind for Leases {
     type Obj = Lease;
     const INFO: ResourceInfo = ResourceInfo {

@@ -38,7 +38,7 @@ mod autoscaling;
 pub mod batch;
 pub mod certificates;
 pub mod config;
-mod coordination;
+pub(crate) mod coordination;
 mod discovery;
 mod event;
 mod job_policies;
