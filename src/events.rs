@@ -1,8 +1,14 @@
-//! Recording core/v1 Events for in-process components (scheduler, node agent), the way client-go's
-//! recorder does: asynchronous and best effort, with repeats of the same event aggregated into one
-//! object whose `count` and `lastTimestamp` advance.
+//! Recording core/v1 Events for in-process components (scheduler, node agent, controllers), the way
+//! client-go's recorder does: asynchronous and best effort, through client-go's `EventCorrelator`:
+//! - repeats of one event are one object whose `count` and `lastTimestamp` advance (its event log);
+//! - the 10th different message of one reason about one object within 10 minutes becomes one
+//!   `(combined from similar events): ...` Event that later ones count into (its aggregator);
+//! - each object gets 25 writes at once, then one per 5 minutes (its spam filter). Held-back
+//!   occurrences are counted, and the next write carries their count.
 
+use std::collections::HashSet;
 use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -17,10 +23,20 @@ use tokio::sync::mpsc;
 
 /// Events waiting to be written; more are dropped, as client-go's broadcaster drops them.
 const QUEUE: usize = 1000;
-/// Aggregation memory: the most recent distinct events (client-go's LRU size).
+/// Memory of each part of the correlator: the most recent keys (client-go's LRU size).
 const REMEMBERED: usize = 4096;
 /// Writes issued together.
 const BATCH: usize = 64;
+/// Different messages of one reason about one object that are combined into one Event, and the
+/// window they count in (client-go's `defaultAggregateMaxEvents`, `defaultAggregateIntervalInSeconds`).
+const AGGREGATE_MAX_EVENTS: usize = 10;
+const AGGREGATE_INTERVAL: Duration = Duration::from_secs(600);
+/// What a combined Event's message starts with.
+const COMBINED: &str = "(combined from similar events): ";
+/// Writes about one object at once, and the time it takes to earn one more (client-go's
+/// `defaultSpamBurst` and `defaultSpamQPS` of 1/300).
+const SPAM_BURST: f64 = 25.0;
+const SPAM_REFILL: Duration = Duration::from_secs(300);
 
 /// The object an event is about.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +77,8 @@ impl EventType {
     }
 }
 
+/// What makes two events the same Event object. A combined event's `message` is empty: every
+/// message of its reason counts into it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
     object: ObjectRef,
@@ -69,9 +87,83 @@ struct Key {
     message: String,
 }
 
+/// One occurrence as the correlator passes it on: which Event it counts into, and what to write.
+#[derive(Debug, PartialEq)]
+struct Occurrence {
+    key: Key,
+    message: String,
+}
+
+/// The different messages seen of one reason about one object.
+struct Similar {
+    messages: HashSet<String>,
+    last: Instant,
+}
+
+/// A token bucket per object.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// client-go's `EventCorrelator` less its event log (the writer keeps the counts).
+struct Correlator {
+    similar: LruCache<(ObjectRef, EventType, String), Similar>,
+    buckets: LruCache<ObjectRef, Bucket>,
+}
+
+impl Correlator {
+    fn new() -> Self {
+        let size = NonZeroUsize::new(REMEMBERED).unwrap_or(NonZeroUsize::MIN);
+        Correlator { similar: LruCache::new(size), buckets: LruCache::new(size) }
+    }
+
+    /// client-go's `EventAggregate`: the occurrence, combined once its reason has shown
+    /// `AGGREGATE_MAX_EVENTS` different messages about its object within the interval.
+    fn aggregate(&mut self, key: Key, now: Instant) -> Occurrence {
+        let group = (key.object.clone(), key.kind, key.reason.clone());
+        let similar = self.similar.get_or_insert_mut(group, || Similar { messages: HashSet::new(), last: now });
+        if now.duration_since(similar.last) > AGGREGATE_INTERVAL {
+            similar.messages.clear();
+        }
+        similar.last = now;
+        similar.messages.insert(key.message.clone());
+        if similar.messages.len() < AGGREGATE_MAX_EVENTS {
+            return Occurrence { message: key.message.clone(), key };
+        }
+        // As upstream, one remembered message is let go, so the set stays bounded.
+        if let Some(any) = similar.messages.iter().next().cloned() {
+            similar.messages.remove(&any);
+        }
+        let message = format!("{COMBINED}{}", key.message);
+        Occurrence { key: Key { message: String::new(), ..key }, message }
+    }
+
+    /// client-go's `EventSourceObjectSpamFilter`: whether a write about `object` may go now.
+    fn allow(&mut self, object: &ObjectRef, now: Instant) -> bool {
+        let bucket = self.buckets.get_or_insert_mut(object.clone(), || Bucket { tokens: SPAM_BURST, at: now });
+        let earned = now.duration_since(bucket.at).as_secs_f64() / SPAM_REFILL.as_secs_f64();
+        bucket.tokens = (bucket.tokens + earned).min(SPAM_BURST);
+        bucket.at = now;
+        if bucket.tokens < 1.0 {
+            return false;
+        }
+        bucket.tokens -= 1.0;
+        true
+    }
+}
+
+/// What was written of one Event, and what waits to be.
+#[derive(Clone)]
 struct Recorded {
-    name: String,
-    count: u64,
+    /// The Event's name once created.
+    name: Option<String>,
+    /// The count the Event has in the API.
+    written: u64,
+    /// Occurrences not written yet.
+    pending: u64,
+    message: String,
+    action: &'static str,
 }
 
 /// Hands events to a background writer; cheap to clone.
@@ -84,15 +176,9 @@ impl Recorder {
     /// Starts the writer for `component` (e.g. `default-scheduler`), reporting from `host`.
     pub fn spawn(client: Client, component: String, host: String) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(
-            Writer {
-                client,
-                component,
-                host,
-                seen: LruCache::new(NonZeroUsize::new(REMEMBERED).unwrap_or(NonZeroUsize::MIN)),
-            }
-            .run(rx),
-        );
+        let size = NonZeroUsize::new(REMEMBERED).unwrap_or(NonZeroUsize::MIN);
+        let writer = Writer { client, component, host, correlator: Correlator::new(), seen: LruCache::new(size) };
+        tokio::spawn(writer.run(rx));
         Recorder { tx }
     }
 
@@ -109,6 +195,8 @@ struct Writer {
     client: Client,
     component: String,
     host: String,
+    correlator: Correlator,
+    /// client-go's event log: what was written of each Event.
     seen: LruCache<Key, Recorded>,
 }
 
@@ -116,33 +204,36 @@ impl Writer {
     async fn run(mut self, mut rx: mpsc::Receiver<(Key, &'static str)>) {
         let mut batch = Vec::with_capacity(BATCH);
         while rx.recv_many(&mut batch, BATCH).await > 0 {
-            // Repeats within one batch become one write.
-            let mut merged: Vec<(Key, &'static str, u64)> = Vec::new();
+            let now = Instant::now();
+            // Every occurrence is counted. Repeats within one batch become one write, and the spam
+            // filter meters writes (upstream meters occurrences, each its own write): so a burst of
+            // repeats is one Event with its full count, not one stopped at the burst size.
+            let mut due: Vec<Key> = Vec::new();
             for (key, action) in batch.drain(..) {
-                match merged.iter_mut().find(|(k, _, _)| *k == key) {
-                    Some(m) => m.2 += 1,
-                    None => merged.push((key, action, 1)),
+                let Occurrence { key, message } = self.correlator.aggregate(key, now);
+                let blank = || Recorded { name: None, written: 0, pending: 0, message: String::new(), action };
+                let entry = self.seen.get_or_insert_mut(key.clone(), blank);
+                entry.pending += 1;
+                (entry.message, entry.action) = (message, action);
+                if !due.contains(&key) && self.correlator.allow(&key.object, now) {
+                    due.push(key);
                 }
             }
-            let jobs: Vec<_> = merged
-                .into_iter()
-                .map(|(key, action, n)| {
-                    let prior = self.seen.get(&key).map(|r| (r.name.clone(), r.count));
-                    (key, action, n, prior)
-                })
-                .collect();
+            let jobs: Vec<_> = due.into_iter().filter_map(|key| Some((self.seen.peek(&key)?.clone(), key))).collect();
             let this = &self;
-            let writes = jobs.into_iter().map(|(key, action, n, prior)| async move {
-                let result = this.write(&key, action, n, prior).await;
-                (key, result)
+            let writes = jobs.into_iter().map(|(recorded, key)| async move {
+                let name = this.write(&key, &recorded).await;
+                (key, recorded.pending, name)
             });
             let results = futures::future::join_all(writes).await;
-            for (key, result) in results {
-                match result {
-                    Some(recorded) => {
-                        self.seen.put(key, recorded);
+            for (key, sent, name) in results {
+                match (name, self.seen.get_mut(&key)) {
+                    (Some(name), Some(entry)) => {
+                        entry.name = Some(name);
+                        entry.written += sent;
+                        entry.pending -= sent.min(entry.pending);
                     }
-                    None => {
+                    _ => {
                         self.seen.pop(&key);
                     }
                 }
@@ -157,16 +248,18 @@ impl Writer {
         self.client.request_text(request).await.map(drop)
     }
 
-    /// Creates the event, or bumps the existing one. `None` when nothing could be written.
-    async fn write(&self, key: &Key, action: &str, n: u64, prior: Option<(String, u64)>) -> Option<Recorded> {
+    /// Creates the event, or counts into the existing one; its name, `None` when nothing could be
+    /// written.
+    async fn write(&self, key: &Key, recorded: &Recorded) -> Option<String> {
         // Events about cluster-scoped objects (nodes) go to `default`, as client-go's recorder puts them.
         let ns = Some(key.object.namespace.as_str()).filter(|n| !n.is_empty()).unwrap_or("default");
         let events = Request::new(Event::url_path(&(), Some(ns)));
         let now = Timestamp::now();
-        if let Some((name, count)) = prior {
-            let patch = json!({"count": count + n, "lastTimestamp": Time(now)});
-            match self.send(events.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await {
-                Ok(()) => return Some(Recorded { name, count: count + n }),
+        let count = recorded.written + recorded.pending;
+        if let Some(name) = &recorded.name {
+            let patch = json!({"count": count, "lastTimestamp": Time(now), "message": recorded.message});
+            match self.send(events.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+                Ok(()) => return Some(name.clone()),
                 // Expired or deleted meanwhile: start a new one.
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => {
@@ -188,20 +281,20 @@ impl Writer {
                 ..Default::default()
             },
             reason: Some(key.reason.clone()),
-            message: Some(key.message.clone()),
+            message: Some(recorded.message.clone()),
             type_: Some(key.kind.as_str().into()),
             source: Some(EventSource { component: Some(self.component.clone()), host: Some(self.host.clone()) }),
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),
-            count: Some(i32::try_from(n).unwrap_or(i32::MAX)),
-            action: Some(action.into()),
+            count: Some(i32::try_from(count).unwrap_or(i32::MAX)),
+            action: Some(recorded.action.into()),
             reporting_component: Some(self.component.clone()),
             reporting_instance: Some(format!("{}-{}", self.component, self.host)),
             ..Default::default()
         };
         let body = serde_json::to_vec(&event).ok()?;
         match self.send(events.create(&PostParams::default(), body)).await {
-            Ok(()) => Some(Recorded { name, count: n }),
+            Ok(()) => Some(name),
             Err(e) => {
                 // A namespace being deleted refuses new events; nothing to do about it.
                 tracing::debug!("recording event {:?} for {}/{}: {e}", key.reason, o.namespace, o.name);
@@ -217,6 +310,85 @@ mod tests {
 
     use super::*;
     use crate::registry::ListOptions;
+
+    fn pod(name: &str) -> ObjectRef {
+        ObjectRef { kind: "Pod", api_version: "v1", namespace: "default".into(), name: name.into(), uid: "u1".into() }
+    }
+
+    fn key(object: ObjectRef, message: &str) -> Key {
+        Key { object, kind: EventType::Warning, reason: "FailedMount".into(), message: message.into() }
+    }
+
+    #[test]
+    fn the_tenth_different_message_of_a_reason_is_combined() {
+        let mut c = Correlator::new();
+        let now = Instant::now();
+        for i in 0..9 {
+            let seen = c.aggregate(key(pod("p"), &format!("volume {i} missing")), now);
+            assert_eq!(
+                seen,
+                Occurrence { key: key(pod("p"), &format!("volume {i} missing")), message: seen.message.clone() }
+            );
+            assert_eq!(seen.message, format!("volume {i} missing"));
+        }
+        // A repeat is not a different message.
+        assert_eq!(c.aggregate(key(pod("p"), "volume 0 missing"), now).message, "volume 0 missing");
+        let tenth = c.aggregate(key(pod("p"), "volume 9 missing"), now);
+        assert_eq!(tenth.message, "(combined from similar events): volume 9 missing");
+        assert_eq!(tenth.key, key(pod("p"), ""));
+        // Later ones count into the same combined Event.
+        assert_eq!(c.aggregate(key(pod("p"), "volume 10 missing"), now).key, key(pod("p"), ""));
+        // Another object, or another reason, is apart.
+        assert_eq!(c.aggregate(key(pod("q"), "volume 10 missing"), now).message, "volume 10 missing");
+        // Once the interval has passed quietly, messages stand alone again.
+        let later = now + AGGREGATE_INTERVAL + Duration::from_secs(1);
+        assert_eq!(c.aggregate(key(pod("p"), "volume 11 missing"), later).message, "volume 11 missing");
+    }
+
+    #[test]
+    fn an_object_gets_25_writes_then_one_per_5_minutes() {
+        let mut c = Correlator::new();
+        let now = Instant::now();
+        assert!((0..25).all(|_| c.allow(&pod("p"), now)));
+        assert!(!c.allow(&pod("p"), now));
+        assert!(c.allow(&pod("q"), now), "another object has its own budget");
+        assert!(!c.allow(&pod("p"), now + Duration::from_secs(299)));
+        assert!(c.allow(&pod("p"), now + Duration::from_secs(300)));
+        assert!(!c.allow(&pod("p"), now + Duration::from_secs(301)));
+        // A long quiet spell refills the burst, no more.
+        let much_later = now + Duration::from_secs(300 * 100);
+        assert!((0..25).all(|_| c.allow(&pod("p"), much_later)));
+        assert!(!c.allow(&pod("p"), much_later));
+    }
+
+    #[tokio::test]
+    async fn a_hundred_repeats_are_one_event_with_count_100() {
+        let (_dir, registry, client) = crate::client::for_tests().await;
+        let rec = Recorder::spawn(client, "kubelet".into(), "node1".into());
+        let events = registry.find("", "v1", "events").unwrap();
+        let list = || {
+            let page = registry.list(&events, Some("default"), &ListOptions::default()).unwrap();
+            page.items.iter().map(|b| serde_json::from_slice::<serde_json::Value>(b).unwrap()).collect::<Vec<_>>()
+        };
+        for _ in 0..100 {
+            rec.record(
+                pod("p"),
+                EventType::Warning,
+                "BackOff",
+                "Syncing",
+                "Back-off restarting failed container".into(),
+            );
+        }
+        for _ in 0..250 {
+            if list().first().is_some_and(|e| e["count"] == 100) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let all = list();
+        assert_eq!(all.len(), 1, "{all:?}");
+        assert_eq!(all[0]["count"], 100, "{all:?}");
+    }
 
     #[tokio::test]
     async fn repeats_aggregate_into_one_event() {
