@@ -5,7 +5,10 @@
 //! - durable pod creates (`POST /api/v1/namespaces/default/pods`, ~1 KiB pods, unique names) with 1, 16
 //!   and 64 concurrent clients, against etcd puts of the same pod JSON through its v3 JSON gateway
 //!   (`POST /v3/kv/put`) with as many clients, with the CPU time per request of each server and of
-//!   this load generator (from `/proc`) and cairn's writes per disk flush (from its `/metrics`);
+//!   this load generator (from `/proc`) and cairn's writes per disk flush and per pod (from its
+//!   `/metrics`), on three servers: the control plane only (`--disable-scheduler`), the scheduler
+//!   on without nodes (every pod unschedulable), and the scheduler on with 100 Ready nodes without
+//!   agents (every pod bound); the later runs use the second;
 //! - LIST of 10,000 pods as JSON and as a `meta.k8s.io/v1` Table (median of 5, full body received);
 //! - delivery latency of one write to 100 concurrent pod watchers, from just before the write is sent
 //!   to the receipt of the event line;
@@ -106,38 +109,57 @@ async fn run(config: &Config) -> Result<Report> {
     if let Some(endpoint) = &endpoint {
         args.extend(["--datastore-endpoint", endpoint.as_str()]);
     }
-    let cairn = Cairn::start(&args).await?;
     let etcd = start_baseline(config).await;
     if let Err(why) = &etcd {
         eprintln!("*** etcd baseline SKIPPED: {why} ***");
     }
     let pod = PodTemplate::new();
     let mut creates = Vec::new();
-    for &clients in &config.clients {
-        let requests = if clients == 1 { config.creates_single } else { config.creates };
-        progress(&format!("creates: {clients} client(s), {requests} requests"));
-        let names: Names = Arc::new(move |i| format!("bench-{clients}-{i}"));
-        let counters = store_counters(&cairn.endpoint).await;
-        let cairn_load = run_load(
-            &cairn.endpoint,
-            clients,
-            requests,
-            config.level_limit,
-            cairn_create(&pod, "default", names.clone()),
-        )
-        .await?;
-        let writes_per_flush = match (counters, store_counters(&cairn.endpoint).await) {
-            (Some((w0, f0)), Some((w1, f1))) if f1 > f0 => Some((w1 - w0) as f64 / (f1 - f0) as f64),
-            _ => None,
-        };
-        let etcd_load = match &etcd {
-            Ok(etcd) => {
-                Some(run_load(&etcd.endpoint, clients, requests, config.level_limit, etcd_put(&pod, names)).await?)
+    let mut etcd_loads = Vec::new();
+    // The later runs use the server of the case users have: the scheduler on, every pod pending.
+    let mut cairn = None;
+    for setup in Setup::ALL {
+        let server = Cairn::start(&[&args[..], setup.args()].concat()).await?;
+        if setup == Setup::Nodes {
+            progress(&format!("creates: registering {FAKE_NODES} nodes"));
+            add_fake_nodes(&server.endpoint).await?;
+        }
+        for &clients in &config.clients {
+            let requests = if clients == 1 { config.creates_single } else { config.creates };
+            progress(&format!("creates, {}: {clients} client(s), {requests} requests", setup.label()));
+            let tag = setup.tag();
+            let names: Names = Arc::new(move |i| format!("bench-{tag}-{clients}-{i}"));
+            let counters = store_counters(&server.endpoint).await;
+            let cairn_load = run_load(
+                &server.endpoint,
+                clients,
+                requests,
+                config.level_limit,
+                cairn_create(&pod, "default", names.clone()),
+            )
+            .await?;
+            let writes_per_flush = match (counters, store_counters(&server.endpoint).await) {
+                (Some((w0, f0)), Some((w1, f1))) if f1 > f0 => Some((w1 - w0) as f64 / (f1 - f0) as f64),
+                _ => None,
+            };
+            // What each create cost the store in the end, once the scheduler has caught up.
+            let writes_per_pod = match (counters, settled_writes(&server.endpoint).await) {
+                (Some((w0, _)), Some(w1)) if cairn_load.ok() > 0 => Some((w1 - w0) as f64 / cairn_load.ok() as f64),
+                _ => None,
+            };
+            if let (Ok(etcd), Setup::ControlPlane) = (&etcd, setup) {
+                let names = Arc::new(move |i| format!("bench-{clients}-{i}"));
+                let load =
+                    run_load(&etcd.endpoint, clients, requests, config.level_limit, etcd_put(&pod, names)).await?;
+                etcd_loads.push(load);
             }
-            Err(_) => None,
-        };
-        creates.push(CreateLevel { cairn: cairn_load, etcd: etcd_load, writes_per_flush });
+            creates.push(CreateLevel { setup, cairn: cairn_load, writes_per_flush, writes_per_pod });
+        }
+        if setup == Setup::Unschedulable {
+            cairn = Some(server);
+        }
     }
+    let cairn = cairn.context("the scheduler's server")?;
     let baseline = etcd.as_ref().map(|e| e.version.clone()).map_err(Clone::clone);
     drop(etcd);
     let apply = apply(&cairn.endpoint, &pod, config).await?;
@@ -147,7 +169,8 @@ async fn run(config: &Config) -> Result<Report> {
     let watch = watch(&cairn.endpoint, &pod, config).await?;
     drop(cairn);
     let authz = authorization(&pod, config).await?;
-    Ok(Report { pod_bytes: pod.render("bench-1-0").len(), footprint, creates, apply, lists, watch, baseline, authz })
+    let pod_bytes = pod.render("bench-1-0").len();
+    Ok(Report { pod_bytes, footprint, creates, etcd_loads, apply, lists, watch, baseline, authz })
 }
 
 /// Starts the etcd baseline, or says why there is none.
@@ -767,18 +790,94 @@ async fn footprint() -> Result<Footprint> {
     Ok(Footprint { binary_bytes, idle_rss_kib })
 }
 
-/// A create run against cairn and, when available, the etcd run with the same clients.
-struct CreateLevel {
-    cairn: Load,
-    etcd: Option<Load>,
-    /// cairn's writes per disk flush (group commit), from its `/metrics`.
-    writes_per_flush: Option<f64>,
+/// What runs beside the API during a create run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    /// `--disable-scheduler`: the API and the controllers.
+    ControlPlane,
+    /// The scheduler on and no nodes: every pod is found unschedulable (a status write and a
+    /// FailedScheduling event on top of its create).
+    Unschedulable,
+    /// The scheduler on and `FAKE_NODES` Ready nodes (no agents): every pod is bound.
+    Nodes,
 }
 
-impl CreateLevel {
-    fn ratio(&self) -> Option<f64> {
-        self.etcd.as_ref().map(|e| self.cairn.per_sec() / e.per_sec())
+/// Nodes of the `Setup::Nodes` runs.
+const FAKE_NODES: usize = 100;
+
+impl Setup {
+    const ALL: [Setup; 3] = [Setup::ControlPlane, Setup::Unschedulable, Setup::Nodes];
+
+    fn label(self) -> &'static str {
+        match self {
+            Setup::ControlPlane => "control plane only",
+            Setup::Unschedulable => "scheduler, no nodes",
+            Setup::Nodes => "scheduler, 100 nodes",
+        }
     }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Setup::ControlPlane => "cp",
+            Setup::Unschedulable => "unsched",
+            Setup::Nodes => "bound",
+        }
+    }
+
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Setup::ControlPlane => &["--disable-scheduler"],
+            Setup::Unschedulable => &[],
+            // Nodes without agents: their heartbeats never come, and must not be missed meanwhile.
+            Setup::Nodes => &["--node-monitor-grace-period", "24h"],
+        }
+    }
+}
+
+/// Registers `FAKE_NODES` Ready nodes with room for every pod of the runs.
+async fn add_fake_nodes(endpoint: &Endpoint) -> Result<()> {
+    let mut conn = endpoint.connect().await?;
+    for i in 0..FAKE_NODES {
+        let name = format!("fake-{i}");
+        let capacity = json!({"cpu": "1000", "memory": "4Ti", "pods": "10000"});
+        let node = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", "kubernetes.io/hostname": name}},
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            },
+        });
+        conn.expect(Req::post("/api/v1/nodes", node.to_string()), StatusCode::CREATED).await?;
+    }
+    Ok(())
+}
+
+/// The store's write counter once it has stopped moving for half a second (at most 30 s).
+async fn settled_writes(endpoint: &Endpoint) -> Option<u64> {
+    let mut last = store_counters(endpoint).await?.0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = store_counters(endpoint).await?.0;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    Some(last)
+}
+
+/// A create run against cairn.
+struct CreateLevel {
+    setup: Setup,
+    cairn: Load,
+    /// cairn's writes per disk flush (group commit), from its `/metrics`.
+    writes_per_flush: Option<f64>,
+    /// Store writes per successful create, counted until the scheduler has caught up.
+    writes_per_pod: Option<f64>,
 }
 
 /// Times of the LIST runs of one format.
@@ -922,6 +1021,8 @@ struct Report {
     pod_bytes: usize,
     footprint: Footprint,
     creates: Vec<CreateLevel>,
+    /// The etcd run of each concurrency level, when the baseline ran.
+    etcd_loads: Vec<Load>,
     apply: ApplyRun,
     lists: Vec<ListRuns>,
     watch: WatchRun,
@@ -978,30 +1079,52 @@ impl Report {
         t
     }
 
+    /// The etcd run with as many clients as `level`.
+    fn etcd_of(&self, level: &CreateLevel) -> Option<&Load> {
+        self.etcd_loads.iter().find(|e| e.clients == level.cairn.clients)
+    }
+
+    fn ratio(&self, level: &CreateLevel) -> Option<f64> {
+        self.etcd_of(level).map(|e| level.cairn.per_sec() / e.per_sec())
+    }
+
     fn creates_table(&self, t: &mut String) {
-        let _ = writeln!(t, "\ndurable creates          ---------- cairn ----------   ---------- etcd -----------");
-        let _ = writeln!(
-            t,
-            "clients  requests     ok   per s  p50 ms  p99 ms  err     ok   per s  p50 ms  p99 ms  err  cairn/etcd"
-        );
-        for level in &self.creates {
-            let c = &level.cairn;
-            let etcd = match (&level.etcd, level.ratio()) {
-                (Some(e), Some(r)) => format!("{}  {r:>9.2}x", load_cells(e)),
-                _ => format!("{:>41}  {:>10}", "-", "-"),
-            };
-            let _ = writeln!(t, "{:>7}  {:>8}  {}  {etcd}", c.clients, c.requests, load_cells(c));
+        for setup in Setup::ALL {
+            let _ = writeln!(
+                t,
+                "\ndurable creates, {:<21}---------- cairn ----------   ---------- etcd -----------",
+                setup.label()
+            );
+            let _ = writeln!(
+                t,
+                "clients  requests     ok   per s  p50 ms  p99 ms  err     ok   per s  p50 ms  p99 ms  err  cairn/etcd"
+            );
+            for level in self.creates.iter().filter(|l| l.setup == setup) {
+                let c = &level.cairn;
+                let etcd = match (self.etcd_of(level), self.ratio(level)) {
+                    (Some(e), Some(r)) => format!("{}  {r:>9.2}x", load_cells(e)),
+                    _ => format!("{:>41}  {:>10}", "-", "-"),
+                };
+                let _ = writeln!(t, "{:>7}  {:>8}  {}  {etcd}", c.clients, c.requests, load_cells(c));
+            }
         }
     }
 
     fn cpu_table(&self, t: &mut String) {
         let _ = writeln!(t, "\nCPU per successful request, us (server process / load generator); cairn group commit");
-        let _ = writeln!(t, "clients          cairn           etcd  writes/flush");
+        let _ = writeln!(t, "setup                  clients          cairn           etcd  writes/flush  writes/pod");
         for level in &self.creates {
             let cells = |l: &Load| format!("{:>5.0} / {:<5.0}", l.cpu_us(l.server_cpu), l.cpu_us(l.client_cpu));
-            let etcd = level.etcd.as_ref().map_or(format!("{:>13}", "-"), cells);
+            let etcd = self.etcd_of(level).map_or(format!("{:>13}", "-"), cells);
             let batch = level.writes_per_flush.map_or("-".to_string(), |b| format!("{b:.1}"));
-            let _ = writeln!(t, "{:>7}  {}  {etcd}  {batch:>12}", level.cairn.clients, cells(&level.cairn));
+            let per_pod = level.writes_per_pod.map_or("-".to_string(), |w| format!("{w:.2}"));
+            let _ = writeln!(
+                t,
+                "{:<21}  {:>7}  {}  {etcd}  {batch:>12}  {per_pod:>10}",
+                level.setup.label(),
+                level.cairn.clients,
+                cells(&level.cairn)
+            );
         }
     }
 
@@ -1045,11 +1168,13 @@ impl Report {
             .iter()
             .map(|l| {
                 json!({
+                    "setup": l.setup.label(),
                     "clients": l.cairn.clients,
                     "cairn": l.cairn.to_json(),
-                    "etcd": l.etcd.as_ref().map(Load::to_json),
-                    "ratio_to_etcd": l.ratio(),
+                    "etcd": self.etcd_of(l).map(Load::to_json),
+                    "ratio_to_etcd": self.ratio(l),
                     "cairn_writes_per_flush": l.writes_per_flush,
+                    "cairn_store_writes_per_pod": l.writes_per_pod,
                 })
             })
             .collect();
