@@ -373,7 +373,8 @@ async fn two_servers_share_one_cluster_and_hand_over_when_the_leader_dies() {
 
 /// Quorum lost while cairn runs: a write is answered 503 or 504 (never acknowledged without
 /// quorum), reads still answer from the index, and once the members are back writes go on and
-/// nothing acknowledged before is missing.
+/// nothing acknowledged before is missing; an informer watching throughout (kube-rs's watcher,
+/// re-listing whenever its watch ends) sees the write made after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_quorum_writes_fail_cleanly_and_resume_when_it_is_back() {
     let mut etcd = Cluster::start(&Cluster::ports());
@@ -381,6 +382,18 @@ async fn without_quorum_writes_fail_cleanly_and_resume_when_it_is_back() {
         Server::start_with(tempfile::tempdir().unwrap(), &["--datastore-endpoint", &etcd.endpoints()])
     });
     server.ok(&["create", "configmap", "before", "--from-literal=a=1"]);
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(server.client().await);
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let informer = tokio::spawn(async move {
+        let mut events = kube::runtime::watcher(configmaps, kube::runtime::watcher::Config::default()).boxed();
+        // Errors (the watch ending while etcd has no quorum) are passed over: the watcher re-lists.
+        while let Some(event) = events.next().await {
+            if let Ok(kube::runtime::watcher::Event::Apply(c) | kube::runtime::watcher::Event::InitApply(c)) = event {
+                let _ = seen_tx.send(c.name_any());
+            }
+        }
+    });
+    assert!(saw(&mut seen, "before").await, "the informer never listed the first ConfigMap");
     etcd.kill9(1);
     etcd.kill9(2);
     let started = Instant::now();
@@ -404,4 +417,19 @@ async fn without_quorum_writes_fail_cleanly_and_resume_when_it_is_back() {
     });
     let names = tokio::task::block_in_place(|| server.ok(&["get", "configmaps", "-o", "name"]));
     assert!(names.contains("configmap/before") && names.contains("configmap/after"), "{names}");
+    assert!(saw(&mut seen, "after").await, "the informer missed the write made after quorum returned");
+    informer.abort();
+}
+
+/// Whether `name` comes through `seen` within 30 s.
+async fn saw(seen: &mut tokio::sync::mpsc::UnboundedReceiver<String>, name: &str) -> bool {
+    let wait = async {
+        while let Some(n) = seen.recv().await {
+            if n == name {
+                return true;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(Duration::from_secs(30), wait).await.unwrap_or(false)
 }
