@@ -122,9 +122,8 @@ struct Inner {
 
 /// Where writes go.
 enum Backend {
-    /// sled's writer thread: it assigns revisions, commits in groups and updates the index; and the
-    /// database, for a final flush.
-    Sled(mpsc::Sender<sled_store::WriteRequest>, sled::Db),
+    /// sled's writer thread: it assigns revisions, commits in groups and updates the index.
+    Sled(mpsc::Sender<sled_store::Message>),
     /// etcd: revisions are its own; its watch updates the index.
     Etcd(Box<etcd::Etcd>),
 }
@@ -295,12 +294,10 @@ impl Store {
     /// Takes deferred writes ([`Options::deferred`]) to disk: for a clean stop.
     pub async fn sync(&self) -> Result<()> {
         match &self.inner.backend {
-            Backend::Sled(_, db) => {
-                let db = db.clone();
-                tokio::task::spawn_blocking(move || db.flush().map(drop))
-                    .await
-                    .map_err(|_| Error::Closed)?
-                    .map_err(Error::Write)
+            Backend::Sled(writes) => {
+                let (reply, rx) = oneshot::channel();
+                writes.send(sled_store::Message::Sync(reply)).map_err(|_| Error::Closed)?;
+                rx.await.map_err(|_| Error::Closed)?
             }
             Backend::Etcd(_) => Ok(()),
         }
@@ -309,9 +306,10 @@ impl Store {
     /// Commits one write durably and returns the stored object (for a delete, its final state).
     pub async fn write(&self, key: String, pre: Precondition, op: Op) -> Result<Arc<Object>> {
         match &self.inner.backend {
-            Backend::Sled(writes, _) => {
+            Backend::Sled(writes) => {
                 let (reply, rx) = oneshot::channel();
-                writes.send(sled_store::WriteRequest { key, pre, op, reply }).map_err(|_| Error::Closed)?;
+                let request = sled_store::WriteRequest { key, pre, op, reply };
+                writes.send(sled_store::Message::Write(request)).map_err(|_| Error::Closed)?;
                 rx.await.map_err(|_| Error::Closed)?
             }
             Backend::Etcd(etcd) => etcd.write(&self.inner, key, pre, op).await,

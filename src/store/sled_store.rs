@@ -1,7 +1,8 @@
 //! The sled backend: one writer thread takes every pending write, stages them in order against the
 //! index (each seeing the ones before it), applies them to sled as one atomic batch with the revision
 //! counter, flushes once, then makes them visible and answers them all (group commit). A batch of
-//! nothing but deferred updates ([`super::Options::deferred`]) skips the flush.
+//! nothing but deferred updates ([`super::Options::deferred`]) is kept in memory and goes to disk
+//! with the next batch that is flushed.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,6 +23,13 @@ const MAX_BATCH: usize = 512;
 /// pass the counter on disk is flushed, moving it this far ahead, so at most one in this many
 /// costs a flush.
 const RESERVED_REVISIONS: u64 = 1000;
+
+/// What the writer thread is asked to do.
+pub(super) enum Message {
+    Write(WriteRequest),
+    /// Take the deferred writes to disk now (a clean stop).
+    Sync(oneshot::Sender<Result<()>>),
+}
 
 pub(super) struct WriteRequest {
     pub key: String,
@@ -53,8 +61,14 @@ pub(super) fn open(path: &Path, options: Options) -> Result<Store> {
     }
     let (tx, rx) = mpsc::channel();
     let on_disk = state.revision;
-    let store = Store::with(state, &options, Backend::Sled(tx, db.clone()));
-    let writer = Writer { db, inner: Arc::downgrade(&store.inner), deferred: options.deferred, on_disk };
+    let store = Store::with(state, &options, Backend::Sled(tx));
+    let writer = Writer {
+        db,
+        inner: Arc::downgrade(&store.inner),
+        deferred: options.deferred,
+        pending: BTreeMap::new(),
+        on_disk,
+    };
     thread::Builder::new()
         .name("store-writer".into())
         .spawn(move || writer.run(rx))
@@ -67,6 +81,10 @@ struct Writer {
     inner: std::sync::Weak<Inner>,
     /// Key prefixes whose updates need no flush of their own ([`super::Options::deferred`]).
     deferred: Vec<String>,
+    /// Deferred updates not on disk yet, the latest of each key. They are kept here, not handed to
+    /// sled, because sled writes every batch to its log file at once (flushed or not), and the
+    /// point is not to write them at all until something else is written.
+    pending: BTreeMap<String, Arc<Object>>,
     /// The revision counter as last flushed. Every revision handed out is either in a flushed
     /// batch or at most this, so a store reopened after a crash never hands one out twice.
     on_disk: u64,
@@ -78,22 +96,47 @@ struct Staged {
 }
 
 impl Writer {
-    fn run(mut self, rx: mpsc::Receiver<WriteRequest>) {
+    fn run(mut self, rx: mpsc::Receiver<Message>) {
         while let Ok(first) = rx.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(req) => batch.push(req),
-                    Err(_) => break,
+            let (mut batch, mut syncs) = (Vec::new(), Vec::new());
+            let mut next = Some(first);
+            while let Some(message) = next.take() {
+                match message {
+                    Message::Write(req) => batch.push(req),
+                    Message::Sync(reply) => syncs.push(reply),
+                }
+                if batch.len() < MAX_BATCH {
+                    next = rx.try_recv().ok();
                 }
             }
             let Some(inner) = self.inner.upgrade() else { break };
-            self.commit(&inner, batch);
+            if !batch.is_empty() {
+                self.commit(&inner, batch);
+            }
+            if !syncs.is_empty() {
+                let synced = self.sync();
+                for reply in syncs {
+                    let _ = reply.send(synced.as_ref().map(drop).map_err(|e| Error::Write(unsupported(e))));
+                }
+            }
         }
         // A clean stop: deferred writes go to disk too.
-        if let Err(e) = self.db.flush() {
+        if let Err(e) = self.sync() {
             tracing::error!("final flush of the store failed: {e}");
         }
+    }
+
+    /// Writes the deferred updates and flushes.
+    fn sync(&mut self) -> sled::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (key, object) in std::mem::take(&mut self.pending) {
+            batch.insert(key.as_bytes(), object.data.as_ref());
+        }
+        self.db.apply_batch(batch)?;
+        self.db.flush().map(drop)
     }
 
     /// Whether the write can wait for the next flush: an update under a deferred prefix.
@@ -108,7 +151,6 @@ impl Writer {
         let mut revision = inner.state.read().unwrap_or_else(|e| e.into_inner()).revision;
         // Writes later in the batch see earlier ones through this overlay.
         let mut overlay: BTreeMap<String, Option<Arc<Object>>> = BTreeMap::new();
-        let mut sled_batch = sled::Batch::default();
         let mut staged = Vec::with_capacity(batch.len());
         let mut deferrable = true;
         for req in batch {
@@ -119,16 +161,8 @@ impl Writer {
             let result = super::stage(&req.key, req.pre, req.op, current, revision + 1).inspect(|event| {
                 revision = event.rv;
                 deferrable &= self.deferrable(event);
-                match event.kind {
-                    EventType::Deleted => {
-                        sled_batch.remove(req.key.as_bytes());
-                        overlay.insert(req.key.clone(), None);
-                    }
-                    _ => {
-                        sled_batch.insert(req.key.as_bytes(), event.object.data.as_ref());
-                        overlay.insert(req.key.clone(), Some(event.object.clone()));
-                    }
-                }
+                let after = (event.kind != EventType::Deleted).then(|| event.object.clone());
+                overlay.insert(req.key.clone(), after);
             });
             staged.push(Staged { reply: req.reply, result });
         }
@@ -138,32 +172,41 @@ impl Writer {
             }
             return;
         }
-        // Deferred writes within the revisions reserved on disk are applied without a flush (sled
-        // then writes them with the next flush); otherwise the counter goes to disk with the batch,
-        // reserving revisions ahead when the batch is one of deferred writes.
-        let flush = !deferrable || revision > self.on_disk;
-        let mut counter = self.on_disk;
-        if flush {
-            counter = match deferrable {
+        // Deferred writes within the revisions reserved on disk wait in memory; anything else goes
+        // to disk with the deferred writes before it and the counter, which a batch of deferred
+        // writes moves ahead of itself to reserve revisions.
+        let deferred = deferrable && revision <= self.on_disk;
+        if deferred {
+            for (key, object) in overlay {
+                if let Some(object) = object {
+                    self.pending.insert(key, object);
+                }
+            }
+        } else {
+            let counter = match deferrable {
                 true => revision + RESERVED_REVISIONS,
                 false => revision.max(self.on_disk),
             };
-            sled_batch.insert(REVISION_KEY, &counter.to_be_bytes());
-        }
-        let durable = self.db.apply_batch(sled_batch).and_then(|_| match flush {
-            true => self.db.flush().map(drop),
-            false => Ok(()),
-        });
-        if let Err(e) = durable {
-            tracing::error!("committing {} write(s) to disk failed: {e}", staged.len());
-            let msg = e.to_string();
-            for s in staged {
-                let _ = s.reply.send(Err(Error::Write(sled::Error::Unsupported(msg.clone()))));
+            let mut sled_batch = sled::Batch::default();
+            for (key, object) in std::mem::take(&mut self.pending) {
+                sled_batch.insert(key.as_bytes(), object.data.as_ref());
             }
-            return;
-        }
-        self.on_disk = counter;
-        if flush {
+            for (key, object) in &overlay {
+                match object {
+                    Some(object) => sled_batch.insert(key.as_bytes(), object.data.as_ref()),
+                    None => sled_batch.remove(key.as_bytes()),
+                }
+            }
+            sled_batch.insert(REVISION_KEY, &counter.to_be_bytes());
+            let durable = self.db.apply_batch(sled_batch).and_then(|_| self.db.flush().map(drop));
+            if let Err(e) = durable {
+                tracing::error!("committing {} write(s) to disk failed: {e}", staged.len());
+                for s in staged {
+                    let _ = s.reply.send(Err(Error::Write(unsupported(&e))));
+                }
+                return;
+            }
+            self.on_disk = counter;
             inner.flushes.fetch_add(1, Ordering::Relaxed);
         }
         let mut replies = Vec::with_capacity(staged.len());
@@ -182,7 +225,7 @@ impl Writer {
             })
             .collect();
         inner.committed.fetch_add(events.len() as u64, Ordering::Relaxed);
-        if !flush {
+        if deferred {
             inner.deferred.fetch_add(events.len() as u64, Ordering::Relaxed);
         }
         super::apply(inner, events, revision);
@@ -194,4 +237,9 @@ impl Writer {
 
 fn decode_revision(bytes: &[u8]) -> u64 {
     bytes.try_into().map(u64::from_be_bytes).unwrap_or(0)
+}
+
+/// A sled error again, for each of the writes it failed (sled's errors are not `Clone`).
+fn unsupported(e: &sled::Error) -> sled::Error {
+    sled::Error::Unsupported(e.to_string())
 }
