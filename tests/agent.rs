@@ -118,22 +118,35 @@ spec:
     )
 }
 
-/// Follows a pod in the background (for at most 150 s) and records when each run of its first
-/// container started and finished, by restart count, until `runs` runs are known.
+/// Follows a pod in the background through a watch (for at most 150 s) and records when each run
+/// of its first container started and finished, by restart count, until `runs` runs are known. A
+/// watch sees every status written: polling could miss a run that lasted less than its interval.
 type Runs = std::collections::BTreeMap<i64, (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>;
 fn record_runs(node: &Server, name: &str, runs: usize) -> std::thread::JoinHandle<Runs> {
-    let (kubeconfig, name) = (node.kubeconfig.clone(), name.to_string());
+    let mut watch = std::process::Command::new(common::kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .args(["get", "pods", "-w", "-o", "json", "--field-selector", &format!("metadata.name={name}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let watch = std::sync::Arc::new(Mutex::new(watch));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (stopper, stop) = (watch.clone(), done.clone());
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(150);
+        while Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = stopper.lock().unwrap().kill();
+    });
     std::thread::spawn(move || {
         let mut seen = Runs::new();
-        let deadline = Instant::now() + Duration::from_secs(150);
-        while seen.len() < runs && Instant::now() < deadline {
-            let out = std::process::Command::new(common::kubectl_path())
-                .arg("--kubeconfig")
-                .arg(&kubeconfig)
-                .args(["get", "pod", &name, "-o", "json"])
-                .output()
-                .unwrap();
-            let pod: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let pods = serde_json::Deserializer::from_reader(std::io::BufReader::new(stdout)).into_iter::<Value>();
+        for pod in pods {
+            let Ok(pod) = pod else { break };
             let c = container(&pod, 0);
             // While waiting to restart, lastState is the newest run; otherwise the one before it.
             let last_offset = if c["state"]["waiting"].is_object() { 0 } else { 1 };
@@ -143,8 +156,14 @@ fn record_runs(node: &Server, name: &str, runs: usize) -> std::thread::JoinHandl
                 let n = c["restartCount"].as_i64().unwrap_or(0) - offset;
                 seen.insert(n, (time_of(&Value::from(start)), time_of(&Value::from(end))));
             }
-            std::thread::sleep(Duration::from_millis(500));
+            if seen.len() >= runs {
+                break;
+            }
         }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut watch = watch.lock().unwrap();
+        let _ = watch.kill();
+        let _ = watch.wait();
         seen
     })
 }
