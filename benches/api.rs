@@ -96,19 +96,6 @@ fn main() -> Result<()> {
 async fn run(config: &Config) -> Result<Report> {
     progress("footprint: idle RSS of a fresh server");
     let footprint = footprint().await?;
-    // cairn's own etcd, when it is measured on etcd; kept until the end of the run.
-    let datastore = match config.datastore_etcd {
-        true => {
-            let bin = config.etcd.as_ref().context("CAIRN_BENCH_DATASTORE=etcd needs CAIRN_BENCH_ETCD")?;
-            Some(Etcd::start(bin).await?)
-        }
-        false => None,
-    };
-    let endpoint = datastore.as_ref().map(|e| format!("http://{}", e.endpoint.addr));
-    let mut args = vec!["--disable-agent"];
-    if let Some(endpoint) = &endpoint {
-        args.extend(["--datastore-endpoint", endpoint.as_str()]);
-    }
     let etcd = start_baseline(config).await;
     if let Err(why) = &etcd {
         eprintln!("*** etcd baseline SKIPPED: {why} ***");
@@ -119,6 +106,19 @@ async fn run(config: &Config) -> Result<Report> {
     // The later runs use the server of the case users have: the scheduler on, every pod pending.
     let mut cairn = None;
     for setup in Setup::ALL {
+        // On etcd, each server has one of its own (a cluster of its own), kept as long as it runs.
+        let datastore = match config.datastore_etcd {
+            true => {
+                let bin = config.etcd.as_ref().context("CAIRN_BENCH_DATASTORE=etcd needs CAIRN_BENCH_ETCD")?;
+                Some(Etcd::start(bin).await?)
+            }
+            false => None,
+        };
+        let endpoint = datastore.as_ref().map(|e| format!("http://{}", e.endpoint.addr));
+        let mut args = vec!["--disable-agent"];
+        if let Some(endpoint) = &endpoint {
+            args.extend(["--datastore-endpoint", endpoint.as_str()]);
+        }
         let server = Cairn::start(&[&args[..], setup.args()].concat()).await?;
         if setup == Setup::Nodes {
             progress(&format!("creates: registering {FAKE_NODES} nodes"));
@@ -156,10 +156,10 @@ async fn run(config: &Config) -> Result<Report> {
             creates.push(CreateLevel { setup, cairn: cairn_load, writes_per_flush, writes_per_pod });
         }
         if setup == Setup::Unschedulable {
-            cairn = Some(server);
+            cairn = Some((server, datastore));
         }
     }
-    let cairn = cairn.context("the scheduler's server")?;
+    let (cairn, _datastore) = cairn.context("the scheduler's server")?;
     let baseline = etcd.as_ref().map(|e| e.version.clone()).map_err(Clone::clone);
     drop(etcd);
     let apply = apply(&cairn.endpoint, &pod, config).await?;
