@@ -315,6 +315,13 @@ mod tests {
         ObjectRef { kind: "Pod", api_version: "v1", namespace: "default".into(), name: name.into(), uid: "u1".into() }
     }
 
+    /// The Events in `default`, as stored.
+    fn events_in_default(registry: &crate::registry::Registry) -> Vec<serde_json::Value> {
+        let events = registry.find("", "v1", "events").unwrap();
+        let page = registry.list(&events, Some("default"), &ListOptions::default()).unwrap();
+        page.items.iter().map(|b| serde_json::from_slice(b).unwrap()).collect()
+    }
+
     fn key(object: ObjectRef, message: &str) -> Key {
         Key { object, kind: EventType::Warning, reason: "FailedMount".into(), message: message.into() }
     }
@@ -365,11 +372,7 @@ mod tests {
     async fn a_hundred_repeats_are_one_event_with_count_100() {
         let (_dir, registry, client) = crate::client::for_tests().await;
         let rec = Recorder::spawn(client, "kubelet".into(), "node1".into());
-        let events = registry.find("", "v1", "events").unwrap();
-        let list = || {
-            let page = registry.list(&events, Some("default"), &ListOptions::default()).unwrap();
-            page.items.iter().map(|b| serde_json::from_slice::<serde_json::Value>(b).unwrap()).collect::<Vec<_>>()
-        };
+        let list = || events_in_default(&registry);
         for _ in 0..100 {
             rec.record(
                 pod("p"),
@@ -394,20 +397,10 @@ mod tests {
     async fn repeats_aggregate_into_one_event() {
         let (_dir, registry, client) = crate::client::for_tests().await;
         let rec = Recorder::spawn(client, "default-scheduler".into(), "node1".into());
-        let pod = ObjectRef {
-            kind: "Pod",
-            api_version: "v1",
-            namespace: "default".into(),
-            name: "p".into(),
-            uid: "u1".into(),
-        };
-        let events = registry.find("", "v1", "events").unwrap();
-        let list = || {
-            let page = registry.list(&events, Some("default"), &ListOptions::default()).unwrap();
-            page.items.iter().map(|b| serde_json::from_slice::<serde_json::Value>(b).unwrap()).collect::<Vec<_>>()
-        };
+        let object = pod("p");
+        let list = || events_in_default(&registry);
         for round in 0..3 {
-            rec.record(pod.clone(), EventType::Warning, "FailedScheduling", "Scheduling", "no room".into());
+            rec.record(object.clone(), EventType::Warning, "FailedScheduling", "Scheduling", "no room".into());
             // Wait for this round to be written before the next one.
             for _ in 0..100 {
                 if list().first().is_some_and(|e| e["count"] == round + 1) {
@@ -417,7 +410,7 @@ mod tests {
             }
         }
         rec.record(
-            pod.clone(),
+            object.clone(),
             EventType::Normal,
             "Scheduled",
             "Binding",

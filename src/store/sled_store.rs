@@ -131,12 +131,18 @@ impl Writer {
         if self.pending.is_empty() {
             return Ok(());
         }
+        let batch = self.take_pending();
+        self.db.apply_batch(batch)?;
+        self.db.flush().map(drop)
+    }
+
+    /// A batch of the deferred updates, which are no longer pending.
+    fn take_pending(&mut self) -> sled::Batch {
         let mut batch = sled::Batch::default();
         for (key, object) in std::mem::take(&mut self.pending) {
             batch.insert(key.as_bytes(), object.data.as_ref());
         }
-        self.db.apply_batch(batch)?;
-        self.db.flush().map(drop)
+        batch
     }
 
     /// Whether the write can wait for the next flush: an update under a deferred prefix.
@@ -187,10 +193,7 @@ impl Writer {
                 true => revision + RESERVED_REVISIONS,
                 false => revision.max(self.on_disk),
             };
-            let mut sled_batch = sled::Batch::default();
-            for (key, object) in std::mem::take(&mut self.pending) {
-                sled_batch.insert(key.as_bytes(), object.data.as_ref());
-            }
+            let mut sled_batch = self.take_pending();
             for (key, object) in &overlay {
                 match object {
                     Some(object) => sled_batch.insert(key.as_bytes(), object.data.as_ref()),
