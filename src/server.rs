@@ -241,6 +241,7 @@ async fn start_control_plane(
     let registry = Registry::new(store).with_service_ranges(cfg.services.ranges);
     registry::bootstrap::system_namespaces(&registry).await.context("creating the system namespaces")?;
     registry::bootstrap::rbac_policy(&registry).await.context("creating the bootstrap RBAC roles and bindings")?;
+    registry::bootstrap::system_priority_classes(&registry).await.context("creating the system PriorityClasses")?;
     registry::bootstrap::local_storage(&registry, &cfg.data_dir.join("server"))
         .await
         .context("creating the local-path StorageClass")?;

@@ -106,7 +106,8 @@ fn selectors_affinity_and_taints_place_pods_like_upstream() {
     assert_eq!(
         msg,
         "0/3 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, \
-         2 node(s) didn't match Pod's node affinity/selector."
+         2 node(s) didn't match Pod's node affinity/selector. \
+         preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
     );
     let failed = eventually(10, || Some(events(&s, "stuck", "FailedScheduling")).filter(|e| !e.is_empty()));
     assert_eq!(failed, std::slice::from_ref(&msg));
@@ -146,7 +147,11 @@ fn resources_exhausted_then_freed_and_cordon() {
 
     s.ok_stdin(&["apply", "-f", "-"], &pod("waiting", "500m", "1536Mi", ""));
     let msg = wait_unscheduled(&s, "waiting", "Unschedulable");
-    assert_eq!(msg, "0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient memory.");
+    assert_eq!(
+        msg,
+        "0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient memory. \
+         preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
+    );
 
     // A label change that frees nothing does not help; deleting the big pod does.
     s.ok(&["label", "node", "small", "unrelated=yes"]);
@@ -159,7 +164,11 @@ fn resources_exhausted_then_freed_and_cordon() {
     s.ok(&["cordon", "small"]);
     s.ok_stdin(&["apply", "-f", "-"], &pod("late", "100m", "64Mi", ""));
     let msg = wait_unscheduled(&s, "late", "Unschedulable");
-    assert_eq!(msg, "0/1 nodes are available: 1 node(s) were unschedulable.");
+    assert_eq!(
+        msg,
+        "0/1 nodes are available: 1 node(s) were unschedulable. \
+         preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+    );
     s.ok(&["uncordon", "small"]);
     assert_eq!(wait_bound(&s, "late"), "small");
 
@@ -241,6 +250,24 @@ fn a_second_profile_bin_packs_gpus_and_unknown_schedulers_are_left_alone() {
     s.ok_stdin(&["apply", "-f", "-"], &gpu("spread", ""));
     assert_eq!(wait_bound(&s, "spread"), "n2", "LeastAllocated spreads onto n2");
 
+    // With no room anywhere, the profile without preemption leaves lower-priority pods alone.
+    s.ok_stdin(&["apply", "-f", "-"], &gpu("fill-1", ""));
+    s.ok_stdin(&["apply", "-f", "-"], &gpu("fill-2", ""));
+    wait_bound(&s, "fill-1");
+    wait_bound(&s, "fill-2");
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: top}\nvalue: 100\n",
+    );
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        &gpu("no-preempt", "  schedulerName: gpu-binpack-scheduler\n  priorityClassName: top"),
+    );
+    let msg = wait_unscheduled(&s, "no-preempt", "Unschedulable");
+    assert_eq!(msg, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.");
+    let preempted = s.ok(&["get", "pods", "-o", "jsonpath={.items[*].metadata.deletionTimestamp}"]);
+    assert_eq!(preempted, "", "no pod was preempted");
+
     s.ok_stdin(&["apply", "-f", "-"], &gpu("orphan", "  schedulerName: nobody"));
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(node_of(&s, "orphan"), "");
@@ -292,4 +319,95 @@ fn bad_scheduler_config_fails_at_startup_naming_the_field() {
         assert!(!out.status.success(), "case {i} succeeded");
         assert!(err.contains(expected) && err.contains("scheduler"), "case {i}: {err}");
     }
+}
+
+const PRIORITY_CLASSES: &str = r#"apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: low}
+value: 10
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: high}
+value: 1000
+description: urgent work
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: high-waits}
+value: 1000
+preemptionPolicy: Never
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: guarded}
+spec:
+  minAvailable: 1
+  selector: {matchLabels: {app: guarded}}
+"#;
+
+fn pod_status(s: &Server, pod: &str, path: &str) -> String {
+    s.ok(&["get", "pod", pod, "-o", &format!("jsonpath={path}")])
+}
+
+#[test]
+fn higher_priority_pods_preempt_lower_ones_as_upstream() {
+    let s = Server::start();
+    s.ok_stdin(&["apply", "-f", "-"], PRIORITY_CLASSES);
+    let classes = s.ok(&["get", "priorityclasses"]);
+    let header: Vec<&str> = classes.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "VALUE", "GLOBAL-DEFAULT", "AGE", "PREEMPTIONPOLICY"]);
+    assert!(classes.contains("system-node-critical") && classes.contains("2000001000"), "{classes}");
+    let refused = s.fails(&["delete", "priorityclass", "system-node-critical"]);
+    assert!(refused.contains("this is a system priority class and cannot be deleted"), "{refused}");
+    let unknown = s.kubectl_stdin(&["apply", "-f", "-"], &pod("lost", "100m", "64Mi", "  priorityClassName: nope"));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(stderr.contains("no PriorityClass with name nope was found"), "{stderr}");
+
+    // A full node: two low-priority pods, one of them guarded by a PodDisruptionBudget.
+    s.ok_stdin(&["apply", "-f", "-"], &node("full", "2", "4Gi", 0, "zone: a", ""));
+    let low = "  priorityClassName: low\n  terminationGracePeriodSeconds: 30";
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        &pod("guarded", "1", "1Gi", low).replace("name: guarded", "name: guarded\n  labels: {app: guarded}"),
+    );
+    s.ok_stdin(&["apply", "-f", "-"], &pod("plain", "1", "1Gi", low));
+    assert_eq!(wait_bound(&s, "guarded"), "full");
+    assert_eq!(wait_bound(&s, "plain"), "full");
+    assert_eq!(pod_status(&s, "plain", "{.spec.priority}"), "10");
+
+    // The high-priority pod preempts the unguarded one, is nominated and waits for it to go.
+    s.ok_stdin(&["apply", "-f", "-"], &pod("urgent", "1", "1Gi", "  priorityClassName: high"));
+    eventually(20, || (pod_status(&s, "urgent", "{.status.nominatedNodeName}") == "full").then_some(()));
+    let msg = wait_unscheduled(&s, "urgent", "Unschedulable");
+    assert!(msg.starts_with("0/1 nodes are available: 1 Insufficient cpu."), "{msg}");
+    let condition = eventually(20, || {
+        let c = pod_status(&s, "plain", "{.status.conditions[?(@.type==\"DisruptionTarget\")]}");
+        (!c.is_empty()).then_some(c)
+    });
+    let condition: serde_json::Value = serde_json::from_str(&condition).unwrap();
+    assert_eq!(condition["status"], "True");
+    assert_eq!(condition["reason"], "PreemptionByScheduler");
+    assert_eq!(condition["message"], "default-scheduler: preempting to accommodate a higher priority pod");
+    assert!(!pod_status(&s, "plain", "{.metadata.deletionTimestamp}").is_empty(), "deleted gracefully");
+    let uid = pod_status(&s, "urgent", "{.metadata.uid}");
+    assert_eq!(events(&s, "plain", "Preempted"), [format!("Preempted by pod {uid} on node full")]);
+    assert!(pod_status(&s, "guarded", "{.metadata.deletionTimestamp}").is_empty(), "the budget kept it");
+    assert_eq!(node_of(&s, "urgent"), "", "never bound straight from preemption");
+
+    // A pod of the same priority that may not preempt waits, and leaves the nominated room alone.
+    s.ok_stdin(&["apply", "-f", "-"], &pod("patient", "1", "1Gi", "  priorityClassName: high-waits"));
+    let msg = wait_unscheduled(&s, "patient", "Unschedulable");
+    assert_eq!(
+        msg,
+        "0/1 nodes are available: 1 Insufficient cpu. preemption: not eligible due to preemptionPolicy=Never."
+    );
+
+    // Once the victim is gone (here its node has no agent to finish the deletion), the
+    // preemptor takes its place; the patient pod keeps waiting.
+    s.ok(&["delete", "pod", "plain", "--grace-period=0", "--force"]);
+    assert_eq!(wait_bound(&s, "urgent"), "full");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(node_of(&s, "patient"), "");
+    assert!(events(&s, "guarded", "Preempted").is_empty());
 }

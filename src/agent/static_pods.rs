@@ -164,9 +164,13 @@ fn hash(pod: &Pod, node: &str, path: &Path) -> String {
 }
 
 /// The mirror pod of a static pod, as the API keeps it: the same pod with `config.mirror`, owned
-/// by its Node (so it goes with the Node), without the static pod's UID or status.
+/// by its Node (so it goes with the Node), without the static pod's UID or status, and with its
+/// priority left to the API's Priority admission (a global default class may give another one).
 pub fn mirror_of(pod: &Pod, node: &Node) -> Pod {
     let mut mirror = pod.clone();
+    if let Some(spec) = mirror.spec.as_mut() {
+        (spec.priority, spec.preemption_policy) = (None, None);
+    }
     let hash = annotation(pod, CONFIG_HASH).unwrap_or_default().to_string();
     mirror.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(CONFIG_MIRROR.into(), hash);
     mirror.metadata.uid = None;

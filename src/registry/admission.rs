@@ -1,19 +1,25 @@
 //! The admission plugins that look at other objects than the one written (those that need only the
 //! object itself are in its kind's strategy): `DefaultStorageClass` (a claim without a class gets the
 //! default one), `PersistentVolumeClaimResize` (a claim may grow only when its class allows) and
-//! `RuntimeClass` (a pod's class must exist; its overhead and scheduling constraints go into the pod).
+//! `RuntimeClass` (a pod's class must exist; its overhead and scheduling constraints go into the pod)
+//! and `Priority` (a pod's PriorityClass, or the global default, gives its `spec.priority`; one
+//! global default at most).
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::error::{Result, StatusError};
+use super::kinds::scheduling::{PREEMPT_LOWER_PRIORITY, system_class_value};
 use super::kinds::storage::{is_default_class, storage_bytes};
 use super::{Registry, Resource};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Toleration};
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 const CLAIMS: &str = "persistentvolumeclaims";
 const PODS: &str = "pods";
+const PRIORITY_CLASSES: &str = "priorityclasses";
+const SCHEDULING_GROUP: &str = "scheduling.k8s.io";
 const BETA_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
 
 impl Registry {
@@ -33,16 +39,99 @@ impl Registry {
         serde_json::from_slice(&obj.data).ok()
     }
 
+    fn priority_classes(&self) -> Vec<PriorityClass> {
+        let Some(r) = self.find(SCHEDULING_GROUP, "v1", PRIORITY_CLASSES) else { return Vec::new() };
+        self.store()
+            .list(&Self::prefix(&r, None), None)
+            .items
+            .iter()
+            .filter_map(|(_, obj)| serde_json::from_slice(&obj.data).ok())
+            .collect()
+    }
+
     /// Admission of a create, before the kind's defaults and validation.
     pub(super) fn admit_create_with_others(&self, r: &Resource, obj: &mut Value) -> Result<()> {
-        if r.info().group.is_empty() {
-            match r.info().plural {
-                CLAIMS => self.default_storage_class(obj),
-                PODS => return self.admit_runtime_class(r, obj),
-                _ => {}
+        match (r.info().group, r.info().plural) {
+            ("", CLAIMS) => self.default_storage_class(obj),
+            ("", PODS) => {
+                self.admit_runtime_class(r, obj)?;
+                return self.admit_priority(r, obj);
             }
+            (SCHEDULING_GROUP, PRIORITY_CLASSES) => return self.one_global_default(r, obj),
+            _ => {}
         }
         Ok(())
+    }
+
+    /// `Priority` on a pod's create: its class (or, naming none, the global default class with the
+    /// lowest value, or priority 0 and `PreemptLowerPriority` when there is none) gives
+    /// `spec.priority` and `spec.preemptionPolicy`; a pod may not ask for other values.
+    fn admit_priority(&self, r: &Resource, pod: &mut Value) -> Result<()> {
+        let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let forbid = |msg: String| Err(StatusError::forbidden(&r.info().group_resource(), &name, msg));
+        let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
+        let class_name = spec.get("priorityClassName").and_then(Value::as_str).unwrap_or_default().to_string();
+        let classes = self.priority_classes();
+        let class = if class_name.is_empty() {
+            let default =
+                classes.into_iter().filter(|c| c.global_default == Some(true)).min_by_key(|c| c.value.unwrap_or(0));
+            if let Some(c) = &default {
+                spec.insert("priorityClassName".into(), json!(c.metadata.name.clone().unwrap_or_default()));
+            }
+            default
+        } else {
+            match classes.into_iter().find(|c| c.metadata.name.as_deref() == Some(class_name.as_str())) {
+                Some(c) => Some(c),
+                None => return forbid(format!("no PriorityClass with name {class_name} was found")),
+            }
+        };
+        let priority = class.as_ref().and_then(|c| c.value).unwrap_or(0);
+        if let Some(asked) = spec.get("priority").and_then(Value::as_i64)
+            && asked != i64::from(priority)
+        {
+            return forbid(format!(
+                "the integer value of priority ({asked}) must not be provided in pod spec; priority admission controller computed {priority} from the given PriorityClass name"
+            ));
+        }
+        spec.insert("priority".into(), json!(priority));
+        let policy = match class {
+            Some(c) => c.preemption_policy,
+            None => Some(PREEMPT_LOWER_PRIORITY.to_string()),
+        };
+        if let Some(policy) = policy {
+            if let Some(asked) = spec.get("preemptionPolicy").and_then(Value::as_str)
+                && asked != policy
+            {
+                return forbid(format!(
+                    "the string value of PreemptionPolicy ({asked}) must not be provided in pod spec; priority admission controller computed {policy} from the given PriorityClass name"
+                ));
+            }
+            spec.insert("preemptionPolicy".into(), json!(policy));
+        }
+        Ok(())
+    }
+
+    /// `Priority` on a PriorityClass's create or update: at most one class is the global default.
+    fn one_global_default(&self, r: &Resource, class: &Value) -> Result<()> {
+        if class.get("globalDefault").and_then(Value::as_bool) != Some(true) {
+            return Ok(());
+        }
+        let name = class.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let other = self
+            .priority_classes()
+            .into_iter()
+            .find(|c| c.global_default == Some(true) && c.metadata.name.as_deref() != Some(name));
+        match other {
+            Some(c) => Err(StatusError::forbidden(
+                &r.info().group_resource(),
+                name,
+                format!(
+                    "PriorityClass {} is already marked as default. Only one default can exist",
+                    c.metadata.name.unwrap_or_default()
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// `RuntimeClass`: the pod's class must exist; its `overhead.podFixed` becomes the pod's
@@ -111,12 +200,27 @@ impl Registry {
         Ok(())
     }
 
-    /// Validating admission of an update of the main resource, after the kind's validation.
-    pub(super) fn admit_update_with_others(&self, r: &Resource, new: &Value, old: &Value) -> Result<()> {
-        if r.info().plural == CLAIMS && r.info().group.is_empty() {
-            return self.claim_resize(r, new, old);
+    /// What may not be deleted at all: the system PriorityClasses (upstream's priorityclass storage).
+    pub(super) fn admit_delete(r: &Resource, name: &str) -> Result<()> {
+        if (r.info().group, r.info().plural) == (SCHEDULING_GROUP, PRIORITY_CLASSES)
+            && system_class_value(name).is_some()
+        {
+            return Err(StatusError::forbidden(
+                &r.info().group_resource(),
+                name,
+                "this is a system priority class and cannot be deleted",
+            ));
         }
         Ok(())
+    }
+
+    /// Validating admission of an update of the main resource, after the kind's validation.
+    pub(super) fn admit_update_with_others(&self, r: &Resource, new: &Value, old: &Value) -> Result<()> {
+        match (r.info().group, r.info().plural) {
+            ("", CLAIMS) => self.claim_resize(r, new, old),
+            (SCHEDULING_GROUP, PRIORITY_CLASSES) => self.one_global_default(r, new),
+            _ => Ok(()),
+        }
     }
 
     /// `DefaultStorageClass`: a claim with no class (neither `storageClassName` nor the beta

@@ -23,6 +23,24 @@ pub async fn system_namespaces(registry: &Registry) -> Result<(), StatusError> {
     Ok(())
 }
 
+/// The system PriorityClasses (`system-node-critical`, `system-cluster-critical`), made again if
+/// missing at every start, as kube-apiserver's scheduling storage post-start hook does.
+pub async fn system_priority_classes(registry: &Registry) -> Result<(), StatusError> {
+    let classes = registry
+        .find("scheduling.k8s.io", "v1", "priorityclasses")
+        .ok_or_else(|| StatusError::internal("priorityclasses are not served"))?;
+    for (name, value, description) in super::kinds::scheduling::SYSTEM_CLASSES {
+        let class = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value, "description": description});
+        match registry.create(&classes, None, class, &WriteOptions::default()).await {
+            Ok(_) => tracing::info!("created PriorityClass {name}"),
+            Err(e) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// The built-in CSI driver's CSIDriver object (no attach; `fsGroup` applied to its files), and the
 /// default `local-path` StorageClass (k3s's name, so its users' manifests work), made once: a user who
 /// deletes the class keeps it deleted (`<server-dir>/local-path-class` records that it was made).

@@ -694,6 +694,7 @@ impl Registry {
         let info = *r.info();
         let gr = info.group_resource();
         let wanted_rv = parse_rv(opts.resource_version.as_deref())?;
+        Self::admit_delete(r, name)?;
         for _ in 0..16 {
             let (cur, old) = self.current(r, ns, name)?;
             if let Some(uid) = &opts.uid {

@@ -448,3 +448,92 @@ async fn runtime_classes_validate_and_their_pods_get_overhead_and_scheduling() {
     let same = pod("p4", json!({"runtimeClassName": "nvidia", "overhead": {"cpu": "0.25", "memory": "64Mi"}}));
     reg.create(&pods, Some("default"), same, &opts).await.unwrap();
 }
+
+#[tokio::test]
+async fn priority_classes_validate_and_give_pods_their_priority() {
+    let (_d, reg) = registry().await;
+    crate::registry::bootstrap::system_priority_classes(&reg).await.unwrap();
+    let (classes, pods) = (res(&reg, "scheduling.k8s.io", "priorityclasses"), res(&reg, "", "pods"));
+    let opts = WriteOptions::default();
+    let class = |name: &str, value: i64, extra: Value| {
+        let mut c = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        c
+    };
+    let pod = |name: &str, extra: Value| {
+        let mut spec = json!({"containers": [{"name": "c", "image": "busybox"}]});
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+    };
+    let message = |e: StatusError| (e.code, e.message);
+
+    // The system classes exist and stay.
+    let critical = value(&reg.get(&classes, None, "system-node-critical").unwrap());
+    assert_eq!(
+        (critical["value"].as_i64(), critical["preemptionPolicy"].as_str()),
+        (Some(2_000_001_000), Some("PreemptLowerPriority"))
+    );
+    let e = reg.delete(&classes, None, "system-cluster-critical", &DeleteOptions::default()).await.unwrap_err();
+    assert_eq!(
+        message(e),
+        (403, r#"priorityclasses.scheduling.k8s.io "system-cluster-critical" is forbidden: this is a system priority class and cannot be deleted"#.into())
+    );
+
+    // Validation.
+    let e = reg.create(&classes, None, class("huge", 1_000_000_001, json!({})), &opts).await.unwrap_err();
+    assert!(
+        e.message.contains("value: Forbidden: maximum allowed value of a user defined priority is 1000000000"),
+        "{}",
+        e.message
+    );
+    let e = reg.create(&classes, None, class("system-mine", 5, json!({})), &opts).await.unwrap_err();
+    assert!(
+        e.message.contains("metadata.name: Forbidden: priority class names with 'system-' prefix are reserved for system use only. error: system-mine is not a known system priority class"),
+        "{}",
+        e.message
+    );
+    let e =
+        reg.create(&classes, None, class("odd", 5, json!({"preemptionPolicy": "Sometimes"})), &opts).await.unwrap_err();
+    assert!(e.message.contains(r#"preemptionPolicy: Unsupported value: "Sometimes""#), "{}", e.message);
+    reg.create(&classes, None, class("batch", 100, json!({"preemptionPolicy": "Never"})), &opts).await.unwrap();
+    let e = reg.patch(&classes, None, "batch", br#"{"value":200}"#, PatchType::Merge, None, &opts).await.unwrap_err();
+    assert!(e.message.contains("value: Forbidden: may not be changed in an update."), "{}", e.message);
+
+    // Pods get their class's priority and policy, and may not ask for others.
+    let w = reg.create(&pods, Some("default"), pod("plain", json!({})), &opts).await.unwrap();
+    let spec = value(&w.object)["spec"].clone();
+    assert_eq!((spec["priority"].as_i64(), spec["preemptionPolicy"].as_str()), (Some(0), Some("PreemptLowerPriority")));
+    let w = reg.create(&pods, Some("default"), pod("b", json!({"priorityClassName": "batch"})), &opts).await.unwrap();
+    let spec = value(&w.object)["spec"].clone();
+    assert_eq!((spec["priority"].as_i64(), spec["preemptionPolicy"].as_str()), (Some(100), Some("Never")));
+    let e =
+        reg.create(&pods, Some("default"), pod("x", json!({"priorityClassName": "nope"})), &opts).await.unwrap_err();
+    assert_eq!(message(e), (403, r#"pods "x" is forbidden: no PriorityClass with name nope was found"#.into()));
+    let e = reg
+        .create(&pods, Some("default"), pod("y", json!({"priorityClassName": "batch", "priority": 7})), &opts)
+        .await
+        .unwrap_err();
+    assert!(e.message.ends_with("the integer value of priority (7) must not be provided in pod spec; priority admission controller computed 100 from the given PriorityClass name"), "{}", e.message);
+    let e = reg
+        .create(
+            &pods,
+            Some("default"),
+            pod("z", json!({"priorityClassName": "batch", "preemptionPolicy": "PreemptLowerPriority"})),
+            &opts,
+        )
+        .await
+        .unwrap_err();
+    assert!(e.message.ends_with("the string value of PreemptionPolicy (PreemptLowerPriority) must not be provided in pod spec; priority admission controller computed Never from the given PriorityClass name"), "{}", e.message);
+
+    // One global default, which pods without a class get.
+    reg.create(&classes, None, class("standard", 10, json!({"globalDefault": true})), &opts).await.unwrap();
+    let e = reg.create(&classes, None, class("other", 20, json!({"globalDefault": true})), &opts).await.unwrap_err();
+    assert_eq!(
+        message(e),
+        (403, r#"priorityclasses.scheduling.k8s.io "other" is forbidden: PriorityClass standard is already marked as default. Only one default can exist"#.into())
+    );
+    let w = reg.create(&pods, Some("default"), pod("d", json!({})), &opts).await.unwrap();
+    let spec = value(&w.object)["spec"].clone();
+    assert_eq!((spec["priorityClassName"].as_str(), spec["priority"].as_i64()), (Some("standard"), Some(10)));
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rand::Rng;
 use rayon::prelude::*;
 
-use super::framework::{Code, CycleState, PARALLEL_FROM, Profile, Status};
+use super::framework::{Code, CycleState, Nominated, PARALLEL_FROM, Profile, Status};
 use super::types::{NodeInfo, PodInfo};
 
 /// Filter at least this many nodes whatever the percentage, and all nodes below it.
@@ -29,11 +29,42 @@ pub struct Diagnosis {
     pub absent: Option<Status>,
     /// The message of a PreFilter rejection, which applies to every node.
     pub pre_filter_msg: Option<String>,
+    /// Whether that PreFilter rejection was unresolvable (then no node can be helped).
+    pub pre_filter_unresolvable: bool,
+    /// The nodes rejected as `Unschedulable` (others leaving may make room there).
+    pub unschedulable_nodes: BTreeSet<String>,
     /// Plugins that rejected the pod somewhere: they decide which cluster events requeue it.
     pub unschedulable_plugins: BTreeSet<&'static str>,
+    /// What PostFilter (preemption) said, appended to the message.
+    pub post_filter_msg: Option<String>,
 }
 
 impl Diagnosis {
+    /// Counts the rejection of the node `name`.
+    pub fn record_on(&mut self, name: &str, s: Status) {
+        if s.code == Code::Unschedulable {
+            self.unschedulable_nodes.insert(name.to_string());
+        }
+        self.record(s);
+    }
+
+    /// The nodes where preemption might help (upstream's `NodesForStatusCode(Unschedulable)`).
+    pub fn helpful(&self, all_nodes: &[Arc<NodeInfo>]) -> Vec<Arc<NodeInfo>> {
+        match &self.pre_filter_msg {
+            Some(_) if self.pre_filter_unresolvable => Vec::new(),
+            Some(_) => all_nodes.to_vec(),
+            None => all_nodes.iter().filter(|n| self.unschedulable_nodes.contains(n.name())).cloned().collect(),
+        }
+    }
+
+    /// Whether `node` was rejected as unresolvable (or never considered).
+    pub fn unresolvable(&self, node: &str) -> bool {
+        match &self.pre_filter_msg {
+            Some(_) => self.pre_filter_unresolvable,
+            None => !self.unschedulable_nodes.contains(node),
+        }
+    }
+
     /// Counts a node's rejection.
     pub fn record(&mut self, s: Status) {
         self.unschedulable_plugins.insert(s.plugin);
@@ -56,8 +87,21 @@ impl fmt::Display for FitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "0/{} nodes are available:", self.num_all_nodes)?;
         if let Some(msg) = &self.diagnosis.pre_filter_msg {
-            return write!(f, " {msg}.");
+            write!(f, " {msg}.")?;
+        } else {
+            self.histogram(f)?;
         }
+        match &self.diagnosis.post_filter_msg {
+            Some(msg) => write!(f, " {msg}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl FitError {
+    /// ` 1 Insufficient cpu, 2 node(s) didn't match Pod's node affinity/selector.`: how many nodes
+    /// gave each reason, nodes left out by a PreFilter counted with its reason.
+    fn histogram(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut reasons: BTreeMap<&str, usize> = self.diagnosis.reasons.iter().map(|(r, n)| (r.as_ref(), *n)).collect();
         let checked = self.diagnosis.rejected;
         if let Some(absent) = self.diagnosis.absent.as_ref().filter(|_| checked < self.num_all_nodes) {
@@ -115,6 +159,7 @@ pub fn schedule_pod(
     state: &mut CycleState,
     pod: &PodInfo,
     all_nodes: &[Arc<NodeInfo>],
+    nominated: &Nominated,
     next_start: &mut usize,
 ) -> Result<String, Failure> {
     if all_nodes.is_empty() {
@@ -127,6 +172,7 @@ pub fn schedule_pod(
             return Err(Failure::Error(s.message()));
         }
         diagnosis.pre_filter_msg = Some(s.message());
+        diagnosis.pre_filter_unresolvable = s.code == Code::UnschedulableAndUnresolvable;
         diagnosis.unschedulable_plugins.insert(s.plugin);
         return Err(Failure::Unschedulable(Box::new(FitError { num_all_nodes: all_nodes.len(), diagnosis })));
     }
@@ -142,7 +188,16 @@ pub fn schedule_pod(
         }
     };
 
-    let feasible = find_feasible(profile, state, pod, nodes, next_start, &mut diagnosis)?;
+    // A pod a preemption made room for tries that node first (upstream's `evaluateNominatedNode`).
+    if !pod.nominated_node.is_empty()
+        && let Some(node) = nodes.iter().find(|n| n.name() == pod.nominated_node)
+    {
+        let filters = profile.active_filters(state);
+        if Profile::run_filter_with_nominated(&filters, state, pod, node, nominated).is_success() {
+            return Ok(pod.nominated_node.clone());
+        }
+    }
+    let feasible = find_feasible(profile, state, pod, nodes, nominated, next_start, &mut diagnosis)?;
     match feasible.len() {
         0 => Err(Failure::Unschedulable(Box::new(FitError { num_all_nodes: all_nodes.len(), diagnosis }))),
         // One feasible node: no need to score.
@@ -164,6 +219,7 @@ fn find_feasible(
     state: &CycleState,
     pod: &PodInfo,
     nodes: &[Arc<NodeInfo>],
+    nominated: &Nominated,
     next_start: &mut usize,
     diagnosis: &mut Diagnosis,
 ) -> Result<Vec<Arc<NodeInfo>>, Failure> {
@@ -180,7 +236,7 @@ fn find_feasible(
         let batch = (want - feasible.len()).max(MIN_BATCH).min(n - processed);
         let check = |i: usize| {
             let node = &nodes[(start + processed + i) % n];
-            (node, Profile::run_filter(&filters, state, pod, node))
+            (node, Profile::run_filter_with_nominated(&filters, state, pod, node, nominated))
         };
         let results: Vec<_> = if let Some(pool) = profile.pool.as_ref().filter(|_| batch >= PARALLEL_FROM) {
             pool.install(|| (0..batch).into_par_iter().map(check).collect())
@@ -193,9 +249,7 @@ fn find_feasible(
                 Code::Success if feasible.len() < want => feasible.push(node.clone()),
                 Code::Success => {}
                 Code::Error => return Err(Failure::Error(s.message())),
-                _ => {
-                    diagnosis.record(s);
-                }
+                _ => diagnosis.record_on(node.name(), s),
             }
         }
     }
@@ -288,15 +342,24 @@ mod tests {
             fake("Fit", &["a"], "Insufficient cpu", &[]),
             fake("NodeAffinity", &["b", "c"], "node(s) didn't match Pod's node affinity/selector", &[]),
         ]);
-        let err = schedule_pod(&p, &mut CycleState::default(), &PodInfo::default(), &nodes(&["a", "b", "c"]), &mut 0)
-            .unwrap_err();
+        let err = schedule_pod(
+            &p,
+            &mut CycleState::default(),
+            &PodInfo::default(),
+            &nodes(&["a", "b", "c"]),
+            &Nominated::default(),
+            &mut 0,
+        )
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "0/3 nodes are available: 1 Insufficient cpu, 2 node(s) didn't match Pod's node affinity/selector."
         );
         let Failure::Unschedulable(fit) = err else { panic!("not a fit error") };
         assert_eq!(fit.diagnosis.unschedulable_plugins.into_iter().collect::<Vec<_>>(), ["Fit", "NodeAffinity"]);
-        let none = schedule_pod(&p, &mut CycleState::default(), &PodInfo::default(), &[], &mut 0).unwrap_err();
+        let none =
+            schedule_pod(&p, &mut CycleState::default(), &PodInfo::default(), &[], &Nominated::default(), &mut 0)
+                .unwrap_err();
         assert_eq!(none.to_string(), "no nodes available to schedule pods");
     }
 
@@ -304,15 +367,29 @@ mod tests {
     fn a_single_feasible_node_is_not_scored() {
         // The scorer would fail the attempt with an out-of-range score, were it asked.
         let p = profile(vec![fake("Odd", &["a", "c"], "no", &[("b", 1000)])]);
-        let node = schedule_pod(&p, &mut CycleState::default(), &PodInfo::default(), &nodes(&["a", "b", "c"]), &mut 0);
+        let node = schedule_pod(
+            &p,
+            &mut CycleState::default(),
+            &PodInfo::default(),
+            &nodes(&["a", "b", "c"]),
+            &Nominated::default(),
+            &mut 0,
+        );
         assert_eq!(node.unwrap(), "b");
     }
 
     #[test]
     fn out_of_range_scores_fail_the_attempt() {
         let p = profile(vec![fake("Odd", &[], "no", &[("a", 101)])]);
-        let err =
-            schedule_pod(&p, &mut CycleState::default(), &PodInfo::default(), &nodes(&["a", "b"]), &mut 0).unwrap_err();
+        let err = schedule_pod(
+            &p,
+            &mut CycleState::default(),
+            &PodInfo::default(),
+            &nodes(&["a", "b"]),
+            &Nominated::default(),
+            &mut 0,
+        )
+        .unwrap_err();
         assert!(matches!(err, Failure::Error(ref m) if m.contains("invalid score 101")), "{err}");
     }
 
@@ -321,8 +398,15 @@ mod tests {
         let p = profile(vec![fake("S", &[], "", &[("a", 10), ("b", 90), ("c", 90)])]);
         let mut seen = BTreeSet::new();
         for _ in 0..200 {
-            let n = schedule_pod(&p, &mut CycleState::default(), &PodInfo::default(), &nodes(&["a", "b", "c"]), &mut 0)
-                .unwrap();
+            let n = schedule_pod(
+                &p,
+                &mut CycleState::default(),
+                &PodInfo::default(),
+                &nodes(&["a", "b", "c"]),
+                &Nominated::default(),
+                &mut 0,
+            )
+            .unwrap();
             seen.insert(n);
         }
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["b", "c"]);
@@ -337,10 +421,12 @@ mod tests {
         let mut next = 0;
         let state = CycleState::default();
         let diag = &mut Diagnosis::default();
-        let found = find_feasible(&p, &state, &PodInfo::default(), &all, &mut next, diag).unwrap();
+        let found =
+            find_feasible(&p, &state, &PodInfo::default(), &all, &Nominated::default(), &mut next, diag).unwrap();
         assert_eq!(found.len(), 420);
         assert_eq!(next, 420);
-        let found = find_feasible(&p, &state, &PodInfo::default(), &all, &mut next, diag).unwrap();
+        let found =
+            find_feasible(&p, &state, &PodInfo::default(), &all, &Nominated::default(), &mut next, diag).unwrap();
         assert_eq!(found[0].name(), "n0420");
         assert_eq!(next, 840);
     }

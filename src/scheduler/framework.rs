@@ -195,6 +195,35 @@ pub enum ClusterEvent {
 /// The node set a PreFilter plugin narrows the search to; `None` means all nodes.
 pub type PreFilterResult = Option<BTreeSet<String>>;
 
+/// Pods nominated to each node (by an earlier preemption) that a pod's Filter must leave room for:
+/// those of at least its priority, itself excluded.
+pub type Nominated = HashMap<String, Vec<Arc<PodInfo>>>;
+
+/// What PostFilter plugins see of the failed attempt.
+pub struct PostFilterInput<'a> {
+    /// The profile, to filter again on changed copies of nodes.
+    pub profile: &'a Profile,
+    pub nodes: &'a [Arc<NodeInfo>],
+    /// The nodes the Filters found `Unschedulable` (not `UnschedulableAndUnresolvable`): only these
+    /// may take the pod once others leave.
+    pub helpful: Vec<Arc<NodeInfo>>,
+    /// Whether the pod's nominated node was rejected as unresolvable.
+    pub nominated_node_unresolvable: bool,
+    pub nominated: &'a Nominated,
+}
+
+/// A node made free for a pod (upstream's `NominatingInfo` with the candidate's victims).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nomination {
+    /// The node; empty clears an earlier nomination.
+    pub node: String,
+    /// The pods to delete so that the pod fits there, most important first.
+    pub victims: Vec<Arc<PodInfo>>,
+}
+
+/// A PostFilter answer: a status, and with Success the nomination.
+pub type PostFilterResult = (Status, Option<Nomination>);
+
 /// A scheduling plugin. Each method is one extension point; a plugin implements those named by
 /// [`Plugin::points`] and inherits no-op defaults for the rest.
 pub trait Plugin: Send + Sync + 'static {
@@ -221,6 +250,12 @@ pub trait Plugin: Send + Sync + 'static {
     /// Whether the pod fits `node`. Called for many nodes in parallel.
     fn filter(&self, _state: &CycleState, _pod: &PodInfo, _node: &NodeInfo) -> Status {
         Status::success()
+    }
+
+    /// After every node rejected the pod: whether some change (a preemption) can make room, and
+    /// where. Only Success carries a nomination.
+    fn post_filter(&self, _state: &CycleState, _pod: &PodInfo, _input: &PostFilterInput<'_>) -> PostFilterResult {
+        (Status::unschedulable(""), None)
     }
 
     /// Once per attempt with more than one feasible node, before scoring: `nodes` are the feasible
@@ -377,6 +412,54 @@ impl Profile {
             }
         }
         Status::success()
+    }
+
+    /// Filter on `node` with the pods nominated to it counted as if placed (upstream's
+    /// `RunFilterPluginsWithNominatedPods`): the pod must fit both with and without them. Plugins'
+    /// PreFilter state is not told about the nominated pods.
+    pub fn run_filter_with_nominated(
+        filters: &[&Arc<dyn Plugin>],
+        state: &CycleState,
+        pod: &PodInfo,
+        node: &NodeInfo,
+        nominated: &Nominated,
+    ) -> Status {
+        if let Some(pods) = nominated.get(node.name()).filter(|p| !p.is_empty()) {
+            let mut with = node.clone();
+            for p in pods {
+                with.add_pod(Arc::new(p.on_node(node.name())));
+            }
+            let s = Self::run_filter(filters, state, pod, &with);
+            if !s.is_success() {
+                return s;
+            }
+        }
+        Self::run_filter(filters, state, pod, node)
+    }
+
+    /// PostFilter: the first plugin that succeeds (or finds the pod unresolvable) decides; otherwise
+    /// the pod stays unschedulable with every plugin's reasons.
+    pub fn run_post_filter(&self, state: &CycleState, pod: &PodInfo, input: &PostFilterInput<'_>) -> PostFilterResult {
+        let mut rejected = Status { code: Code::Unschedulable, reasons: Vec::new(), plugin: "" };
+        let mut nomination = None;
+        for p in self.plugins(Point::PostFilter) {
+            let (s, n) = p.post_filter(state, pod, input);
+            match s.code {
+                Code::Success | Code::UnschedulableAndUnresolvable => return (s.with_plugin(p.name()), n),
+                Code::Unschedulable => {
+                    if rejected.plugin.is_empty() {
+                        rejected.plugin = p.name();
+                    }
+                    rejected.reasons.extend(s.reasons.into_iter().filter(|r| !r.is_empty()));
+                    nomination = n.or(nomination);
+                }
+                _ => {
+                    let msg = format!("running PostFilter plugin {:?}: {}", p.name(), s.message());
+                    return (Status::error(msg).with_plugin(p.name()), None);
+                }
+            }
+        }
+        (rejected, nomination)
     }
 
     pub fn run_pre_score(

@@ -6,12 +6,14 @@
 //! current. The scheduling loop pops one pod at a time and runs its profile's plugins against a
 //! snapshot of the cache ([`algorithm`]); the chosen node is assumed in the cache and the binding
 //! cycle runs concurrently, binding through the API's `pods/binding`. Failures go back to the
-//! queue, with a `FailedScheduling` event and the `PodScheduled` condition.
+//! queue, with a `FailedScheduling` event and the `PodScheduled` condition; when no node fits, the
+//! PostFilter plugins (preemption) may nominate a node and name pods of lower priority to delete.
 
 pub mod algorithm;
 pub mod cache;
 pub mod config;
 pub mod framework;
+mod nominator;
 pub mod plugins;
 pub mod queue;
 pub mod types;
@@ -29,15 +31,17 @@ use kube::Resource as _;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event, watcher};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{EventType, ObjectRef, Recorder};
 use algorithm::Failure;
 use cache::{Cache, Snapshot};
 pub use config::Config;
-use framework::{ClusterEvent, CycleState, Profile, Status};
+use framework::{ClusterEvent, CycleState, Nominated, Nomination, Point, PostFilterInput, Profile, Status};
+use nominator::Nominator;
 use queue::{QueueHooks, QueueOptions, QueuedPod, SchedulingQueue};
-use types::{NodeFacts, PodInfo};
+use types::{DISRUPTION_TARGET, NodeFacts, PREEMPTED_BY_SCHEDULER, PodInfo};
 
 /// The running scheduler's shared state.
 pub struct Scheduler {
@@ -46,9 +50,18 @@ pub struct Scheduler {
     queue: Arc<SchedulingQueue>,
     cache: Mutex<Cache>,
     recorders: HashMap<String, Recorder>,
-    /// The `PodScheduled` condition of each pod waiting for a node, as the watch last showed it:
-    /// a failure that would write the same is not written (upstream's `updatePod` compares too).
-    unscheduled: Mutex<HashMap<String, PodCondition>>,
+    /// The `PodScheduled` condition and nominated node of each pod waiting for a node, as the watch
+    /// last showed them: a failure that would write the same is not written (upstream's
+    /// `updatePod` compares too).
+    unscheduled: Mutex<HashMap<String, Unscheduled>>,
+    nominator: Mutex<Nominator>,
+}
+
+/// What the API shows of a pod waiting for a node.
+#[derive(Clone, Default)]
+struct Unscheduled {
+    condition: Option<PodCondition>,
+    nominated_node: String,
 }
 
 /// The queue's view of the profiles: PreEnqueue and queueing hints.
@@ -73,9 +86,10 @@ impl QueueHooks for Hooks {
     }
 }
 
-fn lock(cache: &Mutex<Cache>) -> MutexGuard<'_, Cache> {
-    // Cache updates are single map operations; a panic elsewhere cannot leave one half done.
-    cache.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Cache and nominator updates are single map operations; a panic elsewhere cannot leave one
+    // half done.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn pod_ref(pod: &PodInfo) -> ObjectRef {
@@ -150,6 +164,7 @@ impl Scheduler {
             cache: Mutex::new(Cache::default()),
             recorders,
             unscheduled: Mutex::default(),
+            nominator: Mutex::default(),
         });
         tokio::spawn(sched.clone().run(shutdown));
         sched
@@ -283,18 +298,20 @@ impl Scheduler {
         }
     }
 
-    /// Keeps the `PodScheduled` condition of a pod that waits for a node.
+    /// Keeps the `PodScheduled` condition and nominated node of a pod that waits for a node.
     fn remember_condition(&self, info: &PodInfo, pod: &Pod) {
-        let mut map = self.unscheduled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = lock(&self.unscheduled);
         let condition = pod
             .status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled").cloned());
-        match condition {
-            Some(c) if info.node_name.is_empty() && !info.finished => map.insert(info.uid.clone(), c),
-            _ => map.remove(&info.uid),
-        };
+        let waiting = info.node_name.is_empty() && !info.finished;
+        if waiting && (condition.is_some() || !info.nominated_node.is_empty()) {
+            map.insert(info.uid.clone(), Unscheduled { condition, nominated_node: info.nominated_node.clone() });
+        } else {
+            map.remove(&info.uid);
+        }
     }
 
     fn node_gone(&self, name: &str) {
@@ -321,6 +338,7 @@ impl Scheduler {
         if pod.finished {
             self.pod_gone(&pod.uid);
         } else if !pod.node_name.is_empty() {
+            lock(&self.nominator).remove(&pod.uid);
             self.queue.delete(&pod.uid);
             let touched = lock(&self.cache).upsert_pod(pod.clone());
             if touched.is_some() {
@@ -328,15 +346,18 @@ impl Scheduler {
             }
         } else if pod.deleting {
             // Going away before it was placed: never scheduled.
+            lock(&self.nominator).remove(&pod.uid);
             self.queue.delete(&pod.uid);
         } else if self.profiles.contains_key(&pod.scheduler_name) {
+            lock(&self.nominator).update(&pod);
             if new { self.queue.add(pod) } else { self.queue.update(pod) }
         }
     }
 
     /// A pod was deleted or finished: it leaves the queue, and its node's resources are freed.
     fn pod_gone(&self, uid: &str) {
-        self.unscheduled.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        lock(&self.unscheduled).remove(uid);
+        lock(&self.nominator).remove(uid);
         self.queue.delete(uid);
         let removed = lock(&self.cache).remove_pod(uid);
         if let Some((pod, node)) = removed {
@@ -365,10 +386,26 @@ impl Scheduler {
             return;
         }
         lock(&self.cache).update_snapshot(snapshot);
+        let (pod, nominated) = {
+            let nominator = lock(&self.nominator);
+            // A nomination made here that the watch has not shown yet.
+            let pod = match nominator.node_of(&pod.uid) {
+                Some(node) if node != pod.nominated_node => {
+                    Arc::new(PodInfo { nominated_node: node.to_string(), ..(*pod).clone() })
+                }
+                _ => pod,
+            };
+            let nominated = nominator.for_pod(&pod);
+            (pod, nominated)
+        };
         let mut state = CycleState::default();
-        let node = match algorithm::schedule_pod(&profile, &mut state, &pod, &snapshot.nodes, next_start) {
+        let node = match algorithm::schedule_pod(&profile, &mut state, &pod, &snapshot.nodes, &nominated, next_start) {
             Ok(node) => node,
-            Err(failure) => return self.failed(qp, &failure),
+            Err(Failure::Unschedulable(mut fit)) => {
+                let nomination = self.post_filter(&profile, &state, &pod, &snapshot.nodes, &nominated, &mut fit);
+                return self.failed(qp, &Failure::Unschedulable(fit), nomination);
+            }
+            Err(failure) => return self.failed(qp, &failure, Some(String::new())),
         };
         let assumed = lock(&self.cache).assume(&pod, &node);
         let Some(assumed) = assumed else {
@@ -387,6 +424,112 @@ impl Scheduler {
         }
         let wait = (s.code == framework::Code::Wait).then_some((wait, s.plugin));
         tokio::spawn(self.clone().binding_cycle(qp, profile, state, assumed, node, wait));
+    }
+
+    /// PostFilter after every node rejected the pod (upstream's `schedulingCycle`): with a
+    /// nomination, its victims are preempted. Returns the nominated node to record: a node, `""`
+    /// to clear an earlier nomination, or `None` to leave it as it is.
+    fn post_filter(
+        self: &Arc<Self>,
+        profile: &Arc<Profile>,
+        state: &CycleState,
+        pod: &Arc<PodInfo>,
+        nodes: &[Arc<types::NodeInfo>],
+        nominated: &Nominated,
+        fit: &mut algorithm::FitError,
+    ) -> Option<String> {
+        if profile.plugins(Point::PostFilter).next().is_none() {
+            return Some(String::new());
+        }
+        let input = PostFilterInput {
+            profile,
+            nodes,
+            helpful: fit.diagnosis.helpful(nodes),
+            nominated_node_unresolvable: !pod.nominated_node.is_empty()
+                && fit.diagnosis.unresolvable(&pod.nominated_node),
+            nominated,
+        };
+        let (s, nomination) = profile.run_post_filter(state, pod, &input);
+        if !s.reasons.is_empty() {
+            fit.diagnosis.post_filter_msg = Some(s.message());
+        }
+        if s.code == framework::Code::Error {
+            tracing::warn!("PostFilter for pod {}: {}", pod.key(), s.message());
+        }
+        let nomination = nomination?;
+        if s.is_success() {
+            self.preempt(pod, &nomination);
+        }
+        Some(nomination.node)
+    }
+
+    /// Makes room on the nominated node (upstream's `prepareCandidate`): the pod is nominated there
+    /// at once; lower-priority pods nominated there lose their nomination; each victim not already
+    /// going gets the `DisruptionTarget` condition, is deleted gracefully and gets a `Preempted`
+    /// event.
+    fn preempt(self: &Arc<Self>, pod: &Arc<PodInfo>, nomination: &Nomination) {
+        let node = nomination.node.clone();
+        let lower = {
+            let mut nominator = lock(&self.nominator);
+            let nominated = PodInfo { nominated_node: node.clone(), ..(**pod).clone() };
+            nominator.nominate(Arc::new(nominated), &node);
+            let lower = nominator.lower_on(&node, pod.priority);
+            for p in &lower {
+                nominator.remove(&p.uid);
+            }
+            lower
+        };
+        let victims: Vec<Arc<PodInfo>> = nomination.victims.iter().filter(|v| !v.deleting).cloned().collect();
+        tracing::info!(
+            "preempting {} pod(s) on node {node} for pod {}: {}",
+            victims.len(),
+            pod.key(),
+            victims.iter().map(|v| v.key()).collect::<Vec<_>>().join(", ")
+        );
+        let this = self.clone();
+        let pod = pod.clone();
+        tokio::spawn(async move {
+            for victim in &victims {
+                match this.delete_victim(&pod, victim).await {
+                    Ok(()) => this.record(
+                        &pod.scheduler_name,
+                        victim,
+                        EventType::Normal,
+                        "Preempted",
+                        "Preempting",
+                        format!("Preempted by pod {} on node {node}", pod.uid),
+                    ),
+                    Err(e) => tracing::warn!("preempting pod {}: {e}", victim.key()),
+                }
+            }
+            for p in &lower {
+                if let Err(e) = this.patch_status(p, serde_json::json!({"nominatedNodeName": null})).await {
+                    tracing::debug!("clearing the nominated node of pod {}: {e}", p.key());
+                }
+            }
+        });
+    }
+
+    /// Marks a victim with `DisruptionTarget` and deletes it with its own grace period.
+    async fn delete_victim(&self, pod: &PodInfo, victim: &PodInfo) -> Result<(), kube::Error> {
+        let condition = PodCondition {
+            type_: DISRUPTION_TARGET.into(),
+            status: "True".into(),
+            reason: Some(PREEMPTED_BY_SCHEDULER.into()),
+            message: Some(format!("{}: preempting to accommodate a higher priority pod", pod.scheduler_name)),
+            last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        };
+        self.patch_status(victim, serde_json::json!({"conditions": [condition]})).await?;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &victim.namespace);
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions { uid: Some(victim.uid.clone()), resource_version: None }),
+            ..Default::default()
+        };
+        match pods.delete(&victim.name, &params).await {
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+            other => other.map(drop),
+        }
     }
 
     /// Waits on Permit, binds, and finishes or rolls back.
@@ -448,16 +591,20 @@ impl Scheduler {
     /// room is free again (so that the event does not count as news for the failed pod itself).
     fn roll_back(self: &Arc<Self>, qp: QueuedPod, failure: &Failure) {
         let removed = lock(&self.cache).forget(&qp.pod.uid);
-        self.failed(qp, failure);
+        self.failed(qp, failure, Some(String::new()));
         if let Some((pod, node)) = removed {
             self.queue.on_event(&ClusterEvent::AssignedPodRemoved { pod, node });
         }
     }
 
     /// upstream's `handleSchedulingFailure`: back to the queue, a `FailedScheduling` event and the
-    /// `PodScheduled=False` condition.
-    fn failed(self: &Arc<Self>, mut qp: QueuedPod, failure: &Failure) {
+    /// `PodScheduled=False` condition, with the nominated node when `nominate` changes it (`""`
+    /// clears it).
+    fn failed(self: &Arc<Self>, mut qp: QueuedPod, failure: &Failure, nominate: Option<String>) {
         let pod = qp.pod.clone();
+        if nominate.as_deref() == Some("") {
+            lock(&self.nominator).remove(&pod.uid);
+        }
         let message = failure.to_string();
         let reason = match failure {
             Failure::Error(_) => {
@@ -479,7 +626,7 @@ impl Scheduler {
         self.record(&pod.scheduler_name, &pod, EventType::Warning, "FailedScheduling", "Scheduling", message.clone());
         let this = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = this.set_unscheduled(&pod, reason, &message).await {
+            if let Err(e) = this.set_unscheduled(&pod, reason, &message, nominate).await {
                 tracing::debug!("recording why pod {} is unscheduled: {e}", pod.key());
             }
         });
@@ -491,35 +638,53 @@ impl Scheduler {
         }
     }
 
-    /// Sets `PodScheduled=False` with the reason, as upstream's `updatePod`: nothing is written when
-    /// the condition already says so; otherwise a strategic merge patch of the condition carrying the
-    /// pod's UID (which the API refuses to change, so a replaced pod is left alone). The answer is
-    /// checked, not decoded.
-    async fn set_unscheduled(&self, pod: &PodInfo, reason: &str, message: &str) -> Result<(), kube::Error> {
-        let old = self.unscheduled.lock().unwrap_or_else(|e| e.into_inner()).get(&pod.uid).cloned();
-        let since = match old {
-            Some(c) if c.status == "False" => {
-                if c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message) {
-                    return Ok(());
-                }
-                c.last_transition_time
-            }
-            _ => Some(Time(k8s_openapi::jiff::Timestamp::now())),
+    /// Sets `PodScheduled=False` with the reason and the nominated node, as upstream's `updatePod`:
+    /// nothing is written when the status already says so; otherwise one strategic merge patch of
+    /// the status.
+    async fn set_unscheduled(
+        &self,
+        pod: &PodInfo,
+        reason: &str,
+        message: &str,
+        nominate: Option<String>,
+    ) -> Result<(), kube::Error> {
+        let old = lock(&self.unscheduled).get(&pod.uid).cloned().unwrap_or_default();
+        let mut status = serde_json::Map::new();
+        if let Some(node) = nominate.filter(|n| *n != old.nominated_node) {
+            status.insert("nominatedNodeName".into(), if node.is_empty() { Value::Null } else { Value::String(node) });
+        }
+        let since = match old.condition {
+            Some(c) if c.status == "False" => (c.reason.as_deref() != Some(reason)
+                || c.message.as_deref() != Some(message))
+            .then_some(c.last_transition_time),
+            _ => Some(Some(Time(k8s_openapi::jiff::Timestamp::now()))),
         };
-        let condition = PodCondition {
-            type_: "PodScheduled".into(),
-            status: "False".into(),
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            last_transition_time: since,
-            ..Default::default()
-        };
-        let patch = serde_json::json!({"metadata": {"uid": pod.uid}, "status": {"conditions": [condition]}});
+        if let Some(since) = since {
+            let condition = PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some(reason.into()),
+                message: Some(message.into()),
+                last_transition_time: since,
+                ..Default::default()
+            };
+            status.insert("conditions".into(), serde_json::json!([condition]));
+        }
+        if status.is_empty() {
+            return Ok(());
+        }
+        self.patch_status(pod, Value::Object(status)).await
+    }
+
+    /// A strategic merge patch of a pod's status carrying its UID (which the API refuses to change,
+    /// so a replaced pod of the same name is left alone). The answer is checked, not decoded; a pod
+    /// gone or replaced is no error.
+    async fn patch_status(&self, pod: &PodInfo, status: Value) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({"metadata": {"uid": pod.uid}, "status": status});
         let request = kube::core::Request::new(Pod::url_path(&(), Some(&pod.namespace)))
             .patch_subresource("status", &pod.name, &PatchParams::default(), &Patch::Strategic(&patch))
             .map_err(kube::Error::BuildRequest)?;
         match self.client.request_text(request).await {
-            // Gone, or replaced by another pod of that name.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 => Ok(()),
             other => other.map(drop),
         }

@@ -13,6 +13,11 @@ use crate::registry::kinds::pod_rules::parse_quantity;
 
 pub use crate::labels::Labels;
 
+/// The pod condition a preemption puts on its victims, with its reason (upstream's
+/// `DisruptionTarget` and `PodReasonPreemptionByScheduler`).
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+pub const PREEMPTED_BY_SCHEDULER: &str = "PreemptionByScheduler";
+
 /// The CPU request assumed, for scoring only, for a container that requests none (100m).
 pub const DEFAULT_MILLI_CPU_REQUEST: i64 = 100;
 /// The memory request assumed, for scoring only, for a container that requests none (200 MiB).
@@ -151,6 +156,15 @@ pub struct PodInfo {
     pub deleting: bool,
     /// Succeeded or Failed: holds no resources.
     pub finished: bool,
+    /// `preemptionPolicy: Never`: waits for room instead of preempting.
+    pub never_preempts: bool,
+    /// `status.nominatedNodeName`: the node a preemption freed for it.
+    pub nominated_node: String,
+    /// `status.startTime`, for ranking victims (upstream's `GetPodStartTime`).
+    pub start_time: Option<k8s_openapi::jiff::Timestamp>,
+    /// Being deleted by a preemption (the `DisruptionTarget` condition with reason
+    /// `PreemptionByScheduler`, and a deletion timestamp).
+    pub preempted: bool,
     /// The claims its volumes name (VolumeBinding): `persistentVolumeClaim` and generic ephemeral.
     pub claims: Vec<PodClaim>,
     /// Its in-tree network disks (VolumeRestrictions' disk conflicts).
@@ -216,7 +230,8 @@ impl PodInfo {
         let meta = &pod.metadata;
         let none = PodSpec::default();
         let spec = pod.spec.as_ref().unwrap_or(&none);
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
+        let status = pod.status.as_ref();
+        let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or_default();
         let (requests, non_zero_milli_cpu, non_zero_memory) = pod_requests(spec);
         let host_ports = spec
             .containers
@@ -274,6 +289,15 @@ impl PodInfo {
             images,
             deleting: meta.deletion_timestamp.is_some(),
             finished: matches!(phase, "Succeeded" | "Failed"),
+            never_preempts: spec.preemption_policy.as_deref() == Some("Never"),
+            nominated_node: status.and_then(|s| s.nominated_node_name.clone()).unwrap_or_default(),
+            start_time: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+            preempted: meta.deletion_timestamp.is_some()
+                && status.and_then(|s| s.conditions.as_ref()).into_iter().flatten().any(|c| {
+                    c.type_ == DISRUPTION_TARGET
+                        && c.status == "True"
+                        && c.reason.as_deref() == Some(PREEMPTED_BY_SCHEDULER)
+                }),
         }
     }
 

@@ -50,6 +50,7 @@ pub mod pod_rules;
 mod policy;
 pub mod rbac;
 mod runtime_class;
+pub mod scheduling;
 pub mod service;
 pub mod storage;
 mod workload_rules;
@@ -102,6 +103,7 @@ pub fn all() -> Vec<Resource> {
         Arc::new(Typed::new(storage::CsiDrivers)),
         Arc::new(Typed::new(storage::CsiNodes)),
         Arc::new(Typed::new(storage::VolumeAttachments)),
+        Arc::new(Typed::new(scheduling::PriorityClasses)),
         Arc::new(Typed::new(coordination::Leases)),
         Arc::new(Typed::new(runtime_class::RuntimeClasses)),
         Arc::new(Typed::new(discovery::EndpointSlices)),

@@ -2,6 +2,7 @@
 
 pub mod balanced;
 pub mod basic;
+pub mod default_preemption;
 pub mod fit;
 pub mod image_locality;
 pub mod inter_pod_affinity;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Binding, Namespace, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde::de::DeserializeOwned;
@@ -39,21 +41,23 @@ pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
     ("VolumeBinding", 0),
     ("PodTopologySpread", 2),
     ("InterPodAffinity", 2),
+    ("DefaultPreemption", 0),
     ("NodeResourcesBalancedAllocation", 1),
     ("ImageLocality", 1),
     ("DefaultBinder", 0),
 ];
 
-/// Upstream plugins for features this cluster does not serve (cloud zones, preemption, dynamic
-/// resource allocation): configurations may name them; they are left out.
-pub const NOT_SERVED: &[&str] = &["VolumeZone", "DefaultPreemption", "DynamicResources", "NodeDeclaredFeatures"];
+/// Upstream plugins for features this cluster does not serve (cloud zones, dynamic resource
+/// allocation): configurations may name them; they are left out.
+pub const NOT_SERVED: &[&str] = &["VolumeZone", "DynamicResources", "NodeDeclaredFeatures"];
 
 /// What plugins may use from the rest of the process (upstream's framework `Handle`): the client,
-/// and caches of namespaces and of claims, volumes and classes (the listers).
+/// and caches of namespaces, PodDisruptionBudgets and of claims, volumes and classes (the listers).
 #[derive(Clone)]
 pub struct Handle {
     client: kube::Client,
     namespaces: Store<Namespace>,
+    pdbs: Store<PodDisruptionBudget>,
     pub storage: volume_binding::Storage,
     /// Changes of the storage objects besides claims (whose signal is in `storage`).
     pub storage_changed: [tokio::sync::watch::Receiver<u64>; 4],
@@ -64,6 +68,7 @@ impl Handle {
     pub fn start(client: kube::Client, shutdown: &CancellationToken) -> Self {
         use crate::client::{cache, notified_cache};
         let namespaces = cache(Api::<Namespace>::all(client.clone()), Default::default(), shutdown);
+        let pdbs = cache(Api::<PodDisruptionBudget>::all(client.clone()), Default::default(), shutdown);
         let (claims, claims_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
         let (volumes, volumes_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
         let (classes, classes_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
@@ -71,7 +76,7 @@ impl Handle {
         let (attachments, attachments_changed) = notified_cache(Api::all(client.clone()), Default::default(), shutdown);
         let storage = volume_binding::Storage { claims, volumes, classes, csi_nodes, attachments, claims_changed };
         let storage_changed = [volumes_changed, classes_changed, csi_nodes_changed, attachments_changed];
-        Handle { client, namespaces, storage, storage_changed }
+        Handle { client, namespaces, pdbs, storage, storage_changed }
     }
 
     /// The labels of a namespace, for pod affinity terms with a `namespaceSelector`.
@@ -113,6 +118,9 @@ pub fn build(name: &str, config: Option<Value>, handle: &Handle) -> Result<Optio
             Arc::new(volume_restrictions::VolumeRestrictions { claims: handle.storage.claims.clone() })
         }
         node_volume_limits::NAME => Arc::new(node_volume_limits::NodeVolumeLimits::new(handle.storage.clone())),
+        default_preemption::NAME => {
+            Arc::new(default_preemption::DefaultPreemption::new(args(config)?, handle.pdbs.clone())?)
+        }
         "DefaultBinder" => Arc::new(DefaultBinder { client: handle.client.clone() }),
         n if NOT_SERVED.contains(&n) => return Ok(None),
         n => return Err(format!("unknown plugin {n:?}")),

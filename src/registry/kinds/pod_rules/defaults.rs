@@ -54,17 +54,16 @@ pub fn default_pod(pod: &mut Pod) {
         spec.service_account = spec.service_account_name.clone();
     }
 
-    // Priority admission: no default PriorityClass exists, the system classes are built in.
+    // The API's Priority admission (`registry/admission.rs`) has set the priority of a pod made
+    // through it; a static pod read from a file gets that of a system class, or 0.
     let priority = match opt(&spec.priority_class_name) {
         "" => Some(0),
-        "system-cluster-critical" => Some(2_000_000_000),
-        "system-node-critical" => Some(2_000_001_000),
-        _ => None,
+        class => super::super::scheduling::system_class_value(class),
     };
     if let Some(priority) = priority {
         spec.priority.get_or_insert(priority);
-        set_default(&mut spec.preemption_policy, "PreemptLowerPriority");
     }
+    set_default(&mut spec.preemption_policy, "PreemptLowerPriority");
 
     add_default_tolerations(spec);
     expand_match_label_keys(spec, &labels);
