@@ -28,13 +28,11 @@ mod oci_image;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 use busybox::BUSYBOX;
-use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
-use kube::runtime::wait::{await_condition, conditions};
-use node::Cairn;
+use kube::api::{Api, DeleteParams, ListParams};
+use node::{Cairn, delete_and_wait, start_up};
 use serde_json::{Value, json};
 
 const RESOURCE: &str = "cairn.io/fake";
@@ -82,34 +80,6 @@ fn pod(name: &str, resource: Option<&str>) -> Result<Pod> {
         "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "main", "image": BUSYBOX,
             "imagePullPolicy": "IfNotPresent", "command": ["/bin/sleep", "3600"], "resources": resources}]}
     }))?)
-}
-
-/// Creates the pod and returns its create → Running latency (ms), seen through a watch opened before.
-async fn start_up(pods: &Api<Pod>, pod: Pod) -> Result<f64> {
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let version = pods.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
-    let params = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(120);
-    let mut watch = pods.watch(&params, &version).await?.boxed();
-    let at = Instant::now();
-    pods.create(&PostParams::default(), &pod).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(110);
-    loop {
-        let event = tokio::time::timeout_at(deadline, watch.try_next()).await.context("not Running in time")??;
-        if let Some(WatchEvent::Added(p) | WatchEvent::Modified(p)) = event
-            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        {
-            return Ok(at.elapsed().as_secs_f64() * 1000.0);
-        }
-    }
-}
-
-/// Deletes the pod and waits until it is gone from the API.
-async fn delete_and_wait(pods: &Api<Pod>, name: &str) -> Result<()> {
-    let uid = pods.get(name).await?.metadata.uid;
-    pods.delete(name, &DeleteParams::default()).await?;
-    let gone = await_condition(pods.clone(), name, conditions::is_deleted(uid.as_deref().unwrap_or_default()));
-    tokio::time::timeout(Duration::from_secs(60), gone).await.context("pod not gone in time")??;
-    Ok(())
 }
 
 fn allocatable(node: &Node) -> i64 {

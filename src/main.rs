@@ -318,6 +318,21 @@ struct NodeArgs {
     /// IPv4 address to advertise for this node (its InternalIP) [default: the host's first address]
     #[arg(long)]
     node_ip: Option<IpAddr>,
+    /// Percent of the image filesystem in use from which unused images are removed (kubelet's flag)
+    #[arg(long, default_value_t = 85)]
+    image_gc_high_threshold: u8,
+    /// Percent of the image filesystem in use that image garbage collection frees down to
+    #[arg(long, default_value_t = 80)]
+    image_gc_low_threshold: u8,
+    /// Minimum age of an unused image before it may be removed
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    image_minimum_gc_age: std::time::Duration,
+    /// Let image garbage collection remove the images of the air-gap folder too (an air-gapped node cannot get them back)
+    #[arg(long)]
+    image_gc_air_gapped_images: bool,
+    /// How often image garbage collection looks at the images (tests shorten kubelet's five minutes)
+    #[arg(long, default_value = "5m", value_parser = parse_duration, hide = true)]
+    image_gc_period: std::time::Duration,
 }
 
 /// Flags of `cairn agent`, a node joining a server.
@@ -606,6 +621,14 @@ fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) ->
     let devices = devices_of(args)?;
     let pod_manifest_path =
         args.pod_manifest_path.clone().unwrap_or_else(|| data_dir.join("agent").join("pod-manifests"));
+    let image_gc = agent::image_gc::Policy {
+        high_percent: args.image_gc_high_threshold,
+        low_percent: args.image_gc_low_threshold,
+        min_age: args.image_minimum_gc_age,
+        air_gapped: args.image_gc_air_gapped_images,
+        period: args.image_gc_period.max(std::time::Duration::from_secs(1)),
+    };
+    image_gc.validate().map_err(|e| anyhow::anyhow!("--image-gc-high-threshold/--image-gc-low-threshold: {e}"))?;
     let node_ips = match args.node_ip {
         Some(ip) => vec![ip],
         None => node::local_ips(Some(&runtime.network().bridge)),
@@ -626,6 +649,7 @@ fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) ->
         resolv_conf: args.resolv_conf.clone(),
         control_plane,
         pod_manifest_path,
+        image_gc,
     })
 }
 

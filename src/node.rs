@@ -44,6 +44,8 @@ pub struct NodeConfig {
     pub control_plane: bool,
     /// `--pod-manifest-path`: the static pods' manifests.
     pub pod_manifest_path: PathBuf,
+    /// `--image-gc-*`: when unused images are removed.
+    pub image_gc: agent::image_gc::Policy,
 }
 
 /// The clients the node's parts act through: the agent as the node (`system:node:<name>`), the
@@ -90,6 +92,7 @@ pub async fn start(
         cgroup_root: cfg.cgroup_root.clone(),
         control_plane: cfg.control_plane,
         pod_manifest_path: cfg.pod_manifest_path.clone(),
+        image_gc: cfg.image_gc.clone(),
     };
     if cluster.dns {
         start_cluster_dns(cluster, cfg.resolv_conf.as_deref(), clients.controller.clone(), shutdown)

@@ -9,6 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::runtime::wait::{await_condition, conditions};
 
 use super::binary;
 use super::busybox::{BUSYBOX, busybox_image};
@@ -92,4 +96,32 @@ impl Drop for Cairn {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
     }
+}
+
+/// Creates the pod and returns its create → Running latency (ms), seen through a watch opened before.
+pub async fn start_up(pods: &Api<Pod>, pod: Pod) -> Result<f64> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let version = pods.list(&ListParams::default().limit(1)).await?.metadata.resource_version.unwrap_or_default();
+    let params = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(120);
+    let mut watch = pods.watch(&params, &version).await?.boxed();
+    let at = Instant::now();
+    pods.create(&PostParams::default(), &pod).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(110);
+    loop {
+        let event = tokio::time::timeout_at(deadline, watch.try_next()).await.context("not Running in time")??;
+        if let Some(WatchEvent::Added(p) | WatchEvent::Modified(p)) = event
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        {
+            return Ok(at.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+}
+
+/// Deletes the pod and waits until it is gone from the API.
+pub async fn delete_and_wait(pods: &Api<Pod>, name: &str) -> Result<()> {
+    let uid = pods.get(name).await?.metadata.uid;
+    pods.delete(name, &DeleteParams::default()).await?;
+    let gone = await_condition(pods.clone(), name, conditions::is_deleted(uid.as_deref().unwrap_or_default()));
+    tokio::time::timeout(Duration::from_secs(60), gone).await.context("pod not gone in time")??;
+    Ok(())
 }

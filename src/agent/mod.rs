@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod env;
 #[cfg(test)]
 pub mod fake;
+pub mod image_gc;
 pub mod local_store;
 pub mod logs;
 pub mod node;
@@ -80,6 +81,8 @@ pub struct Config {
     pub control_plane: bool,
     /// kubelet's `--pod-manifest-path`: the static pods' manifests.
     pub pod_manifest_path: std::path::PathBuf,
+    /// kubelet's `--image-gc-*` flags.
+    pub image_gc: image_gc::Policy,
 }
 
 /// The local store's entry of the Node.
@@ -100,6 +103,17 @@ impl Health {
     fn stale_for(&self) -> Option<u64> {
         let age = unix_now().saturating_sub(self.0.load(Ordering::Relaxed));
         (age > HEALTHZ_STALE.as_secs()).then_some(age)
+    }
+}
+
+/// The Node as kubelet names it in its events (its UID is its name, as kubelet's `nodeRef`).
+fn node_ref(name: &str) -> crate::events::ObjectRef {
+    crate::events::ObjectRef {
+        kind: "Node",
+        api_version: "v1",
+        namespace: String::new(),
+        name: name.to_string(),
+        uid: name.to_string(),
     }
 }
 
@@ -212,6 +226,18 @@ pub fn start(
         lease: std::sync::Mutex::new(None),
         local: local_store,
     };
+    tokio::spawn(image_gc::run(
+        cri.clone(),
+        heartbeat.cfg.image_gc.clone(),
+        image_gc::Protected {
+            sandbox_image: crate::runtime::PAUSE_IMAGE.into(),
+            imported_state: (!heartbeat.cfg.image_gc.air_gapped)
+                .then(|| crate::runtime::imported_state_file(&heartbeat.cfg.data_dir)),
+        },
+        crate::events::Recorder::spawn(client.clone(), "kubelet".into(), heartbeat.cfg.node_name.clone()),
+        node_ref(&heartbeat.cfg.node_name),
+        shutdown.clone(),
+    ));
     let first = Arc::new(tokio::sync::Notify::new());
     let registered = first.clone();
     let stop = shutdown.clone();

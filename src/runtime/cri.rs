@@ -152,6 +152,8 @@ impl Cri {
         list_images: images.list_images(cri::ListImagesRequest) -> cri::ListImagesResponse, REQUEST_TIMEOUT;
         image_status: images.image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse, REQUEST_TIMEOUT;
         pull_image: images.pull_image(cri::PullImageRequest) -> cri::PullImageResponse, PULL_TIMEOUT;
+        remove_image: images.remove_image(cri::RemoveImageRequest) -> cri::RemoveImageResponse, REQUEST_TIMEOUT;
+        image_fs_info: images.image_fs_info(cri::ImageFsInfoRequest) -> cri::ImageFsInfoResponse, REQUEST_TIMEOUT;
     }
 
     /// Stops a container: SIGTERM (or the image's stop signal), SIGKILL after `grace`.

@@ -151,7 +151,7 @@ pub async fn start(cfg: &Config, shutdown: CancellationToken) -> Result<Runtime>
     };
 
     let watcher = importer.map(|importer| {
-        let dir = images::ImageDir::new(cfg.images_dir(), cfg.agent_dir().join("images.imported.json"));
+        let dir = images::ImageDir::new(cfg.images_dir(), imported_state_file(&cfg.data_dir));
         let puller = cri.clone();
         let pull = move |reference: String| {
             let cri = puller.clone();
@@ -200,6 +200,11 @@ async fn prepare(cfg: &Config, cri: &Cri, socket: &Path) -> Result<Option<images
         None
     };
     Ok(importer)
+}
+
+/// What the images directory's watcher has imported (see [`images::imported_references`]).
+pub fn imported_state_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("agent").join("images.imported.json")
 }
 
 /// The containerd socket for helper commands: the embedded one under `data_dir` unless an endpoint is given.

@@ -424,7 +424,9 @@ impl Profile {
         node: &NodeInfo,
         nominated: &Nominated,
     ) -> Status {
-        if let Some(pods) = nominated.get(node.name()).filter(|p| !p.is_empty()) {
+        // Mostly there are none: skip hashing the node's name then.
+        let pods = if nominated.is_empty() { None } else { nominated.get(node.name()) };
+        if let Some(pods) = pods.filter(|p| !p.is_empty()) {
             let mut with = node.clone();
             for p in pods {
                 with.add_pod(Arc::new(p.on_node(node.name())));

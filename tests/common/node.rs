@@ -26,7 +26,11 @@ impl Node {
 
     /// With more flags.
     pub fn start_with(cidr: &str, extra: &[&str]) -> Node {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), cidr, extra)
+    }
+
+    /// In a directory the test prepared (its data directory is `dir/data`).
+    pub fn start_in(dir: tempfile::TempDir, cidr: &str, extra: &[&str]) -> Node {
         let images = dir.path().join("data/agent/images");
         std::fs::create_dir_all(&images).unwrap();
         std::fs::write(images.join("busybox.tar"), busybox_image()).unwrap();

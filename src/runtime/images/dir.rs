@@ -70,6 +70,14 @@ A file is imported once: images.imported.json beside this folder remembers what 
 cannot be imported is logged and skipped until it changes. By hand: cairn images import FILE...
 ";
 
+/// The references of every image imported or pulled from the images directory, as its state file
+/// records them (an air-gapped node could not get them back, so image garbage collection keeps them).
+pub fn imported_references(state_file: &Path) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(state_file) else { return Vec::new() };
+    let state: DirState = serde_json::from_slice(&bytes).unwrap_or_default();
+    state.files.into_values().filter(|f| f.ok).flat_map(|f| f.images).map(|i| i.reference).collect()
+}
+
 impl ImageDir {
     /// Creates the folder with its README (left alone once there, so an edited one survives).
     pub fn prepare(dir: &Path) -> io::Result<()> {

@@ -41,7 +41,7 @@ mod tarball;
 mod tests;
 
 use content::*;
-pub use dir::ImageDir;
+pub use dir::{ImageDir, imported_references};
 use tarball::*;
 pub use tarball::{progress_logger, progress_logger_named};
 

@@ -1,0 +1,188 @@
+//! End to end: when room runs out on a real node (the real cairn, its embedded containerd and
+//! kubectl). A pod of a high PriorityClass on a node whose CPU is taken by a low-priority pod
+//! preempts it: the victim is stopped gracefully and the preemptor runs in its place. An image
+//! filesystem (a small tmpfs under containerd's root) filled past the image GC threshold loses its
+//! unused image and keeps the one a pod uses.
+//!
+//! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
+
+mod common;
+
+#[path = "common/busybox.rs"]
+mod busybox;
+#[allow(dead_code)]
+#[path = "../src/runtime/cri.rs"]
+mod cri;
+#[path = "common/node.rs"]
+mod node;
+#[allow(dead_code)]
+#[path = "../src/runtime/oci_image.rs"]
+mod oci_image;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use busybox::BUSYBOX;
+use common::{Server, eventually};
+use node::{Node, node_ready};
+
+const CIDR: &str = "10.63.0.0/16";
+
+fn get(node: &Server, what: &str, path: &str) -> String {
+    node.ok(&["get", what, "-o", &format!("jsonpath={path}")])
+}
+
+/// A busybox pod of `class` (none when empty) requesting `milli_cpu`, which stops at once on
+/// SIGTERM.
+fn pod(name: &str, class: &str, milli_cpu: i64) -> String {
+    let class = if class.is_empty() { String::new() } else { format!("priorityClassName: {class}") };
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  {class}
+  terminationGracePeriodSeconds: 10
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1 & wait; done"]
+    resources: {{requests: {{cpu: {milli_cpu}m}}}}
+"#
+    )
+}
+
+fn wait_running(node: &Server, name: &str) {
+    eventually(60, || (get(node, &format!("pod/{name}"), "{.status.phase}") == "Running").then_some(()));
+}
+
+#[test]
+fn a_high_priority_pod_preempts_a_low_priority_one_and_runs() {
+    let node = Node::start(CIDR);
+    eventually(60, || node_ready(&node));
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: background}\nvalue: 10\n---\n\
+         apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: important}\nvalue: 1000\n",
+    );
+    // Each pod asks for 60% of the node's CPU: two cannot run side by side.
+    let allocatable = get(&node, "nodes", "{.items[0].status.allocatable.cpu}");
+    let milli = match allocatable.strip_suffix('m') {
+        Some(m) => m.parse::<i64>().unwrap(),
+        None => allocatable.parse::<i64>().unwrap() * 1000,
+    } * 6
+        / 10;
+    node.ok_stdin(&["apply", "-f", "-"], &pod("batch", "background", milli));
+    wait_running(&node, "batch");
+    let batch_uid = get(&node, "pod/batch", "{.metadata.uid}");
+
+    node.ok_stdin(&["apply", "-f", "-"], &pod("urgent", "important", milli));
+    wait_running(&node, "urgent");
+    let urgent_uid = get(&node, "pod/urgent", "{.metadata.uid}");
+    assert_eq!(
+        get(&node, "pod/urgent", "{.status.nominatedNodeName}"),
+        get(&node, "nodes", "{.items[0].metadata.name}")
+    );
+    // The victim went through a graceful stop and is gone.
+    eventually(30, || node.ok(&["get", "pods", "-o", "name"]).lines().all(|l| l != "pod/batch").then_some(()));
+    let preempted = node.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.uid={batch_uid},reason=Preempted"),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(preempted.starts_with(&format!("Preempted by pod {urgent_uid} on node ")), "{preempted}");
+    let killing = node.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.uid={batch_uid},reason=Killing"),
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(killing.contains("Stopping container main"), "{killing}");
+}
+
+/// A tmpfs mounted for a test; unmounted (and the test's directory removed) when dropped, after
+/// the node that used it.
+struct Tmpfs {
+    path: PathBuf,
+    top: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(path: &Path, size: &str, top: &Path) -> Tmpfs {
+        std::fs::create_dir_all(path).unwrap();
+        let status =
+            Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(path).status();
+        assert!(status.is_ok_and(|s| s.success()), "mounting a tmpfs at {}", path.display());
+        Tmpfs { path: path.to_path_buf(), top: top.to_path_buf() }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let unmounted = Command::new("umount").arg(&self.path).status().is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.top);
+    }
+}
+
+const SPARE: &str = "docker.io/cairn-test/spare:1";
+
+/// The node's images, as its status lists them.
+fn node_images(node: &Server) -> String {
+    get(node, "nodes", "{.items[0].status.images[*].names}")
+}
+
+#[test]
+fn a_full_image_filesystem_sheds_unused_images_and_keeps_used_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data/agent/containerd/root");
+    let _tmpfs = Tmpfs::mount(&root, "64m", dir.path());
+    // A second image with a few MiB of its own, from the air-gap folder, which this node lets go.
+    let spare = oci_image::ImageBuilder::new(SPARE)
+        .file("/spare", &(0..6u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect::<Vec<u8>>(), 0o644)
+        .oci_layout_tar();
+    std::fs::create_dir_all(dir.path().join("data/agent/images")).unwrap();
+    std::fs::write(dir.path().join("data/agent/images/spare.tar"), spare).unwrap();
+    let flags = [
+        "--image-gc-high-threshold=60",
+        "--image-gc-low-threshold=50",
+        "--image-minimum-gc-age=0s",
+        "--image-gc-period=1s",
+        "--image-gc-air-gapped-images",
+    ];
+    let node = Node::start_in(dir, "10.64.0.0/16", &flags);
+    eventually(60, || node_ready(&node));
+    eventually(60, || (node_images(&node).contains(SPARE) && node_images(&node).contains(BUSYBOX)).then_some(()));
+    node.ok_stdin(&["apply", "-f", "-"], &pod("user", "", 10));
+    wait_running(&node, "user");
+    assert!(node_images(&node).contains(SPARE), "nothing goes below the threshold");
+
+    // Fill the image filesystem to 70%.
+    let stat = nix::sys::statvfs::statvfs(&root).unwrap();
+    let (capacity, available) = (stat.blocks() * stat.fragment_size(), stat.blocks_available() * stat.fragment_size());
+    let fill = (capacity * 7 / 10).saturating_sub(capacity - available);
+    std::fs::write(root.join("filler"), vec![1u8; fill as usize]).unwrap();
+
+    eventually(60, || (!node_images(&node).contains(SPARE)).then_some(()));
+    assert!(node_images(&node).contains(BUSYBOX), "the image a pod uses stays: {}", node_images(&node));
+    let failed = eventually(30, || {
+        let e = node.ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.kind=Node,reason=FreeDiskSpaceFailed",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ]);
+        (!e.is_empty()).then_some(e)
+    });
+    assert!(failed.starts_with("Failed to garbage collect required amount of images. Attempted to free "), "{failed}");
+}
