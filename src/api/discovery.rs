@@ -227,6 +227,7 @@ mod tests {
                 "policy",
                 "rbac.authorization.k8s.io",
                 "storage.k8s.io",
+                "scheduling.k8s.io",
                 "coordination.k8s.io",
                 "node.k8s.io",
                 "discovery.k8s.io"

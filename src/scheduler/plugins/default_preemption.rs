@@ -100,6 +100,7 @@ impl DefaultPreemption {
     /// first; each node that is none gets its reason in `diagnosis`.
     fn candidates(
         &self,
+        state: &CycleState,
         pod: &PodInfo,
         input: &PostFilterInput<'_>,
         pdbs: &[Arc<PodDisruptionBudget>],
@@ -112,10 +113,12 @@ impl DefaultPreemption {
         }
         let wanted = self.num_candidates(n);
         let offset = rand::rng().random_range(0..n);
+        // The attempt's PreFilter state serves every simulation unless it counted pods elsewhere.
+        let shared = (!prefilter_counts_pods(pod, input.nodes)).then_some(state);
         let (mut fine, mut violating) = (Vec::new(), Vec::new());
         for i in 0..n {
             let node = &potential[(offset + i) % n];
-            match select_victims(input, pod, node, pdbs) {
+            match select_victims(input, shared, pod, node, pdbs) {
                 Ok(c) if c.pdb_violations == 0 => fine.push(c),
                 Ok(c) => violating.push(c),
                 Err(s) => diagnosis.record_on(node.name(), s),
@@ -140,13 +143,13 @@ impl Plugin for DefaultPreemption {
 
     /// upstream's `Evaluator.Preempt` up to the choice of a node (the victims are deleted by the
     /// scheduler). Messages start with `preemption: `, as upstream's.
-    fn post_filter(&self, _state: &CycleState, pod: &PodInfo, input: &PostFilterInput<'_>) -> PostFilterResult {
+    fn post_filter(&self, state: &CycleState, pod: &PodInfo, input: &PostFilterInput<'_>) -> PostFilterResult {
         if let Err(why) = eligible(pod, input) {
             return (Status::unschedulable(format!("preemption: {why}")), None);
         }
         let pdbs = self.pdbs.state();
         let mut diagnosis = Diagnosis::default();
-        let candidates = self.candidates(pod, input, &pdbs, &mut diagnosis);
+        let candidates = self.candidates(state, pod, input, &pdbs, &mut diagnosis);
         let Some(best) = pick(candidates) else {
             diagnosis.absent = Some(Status::unresolvable(NOT_HELPFUL));
             let fit = FitError { num_all_nodes: input.nodes.len(), diagnosis };
@@ -173,20 +176,54 @@ fn eligible(pod: &PodInfo, input: &PostFilterInput<'_>) -> Result<(), &'static s
     Ok(())
 }
 
-/// Whether the pod fits `nodes[i]` as it is now, with a fresh PreFilter over all nodes (so that
-/// plugins counting pods elsewhere see the change) and the nominated pods counted.
-fn fits(profile: &Profile, pod: &PodInfo, nodes: &[Arc<NodeInfo>], i: usize, input: &PostFilterInput<'_>) -> Status {
-    let mut state = CycleState::default();
-    let (s, narrowed, _) = profile.run_pre_filter(&mut state, pod, nodes);
-    if !s.is_success() {
-        return s;
+/// Whether the PreFilter state of `pod` depends on the pods placed (pod affinity, spread
+/// constraints, other pods' required anti-affinity, claims shared with other pods): then a
+/// simulation that removes pods runs PreFilter again (upstream updates the state through
+/// `PreFilterExtensions`).
+fn prefilter_counts_pods(pod: &PodInfo, nodes: &[Arc<NodeInfo>]) -> bool {
+    pod.has_pod_affinity()
+        || !pod.topology_spread_constraints.is_empty()
+        || !pod.claims.is_empty()
+        || nodes.iter().any(|n| n.pods_with_required_anti_affinity > 0)
+}
+
+/// One node changed by a simulation: with the attempt's PreFilter state, or with all nodes so that
+/// PreFilter can run again over them.
+enum Simulated<'a> {
+    Shared(&'a CycleState, Arc<NodeInfo>),
+    Fresh(Vec<Arc<NodeInfo>>, usize),
+}
+
+impl Simulated<'_> {
+    fn node(&mut self) -> &mut NodeInfo {
+        match self {
+            Simulated::Shared(_, node) => Arc::make_mut(node),
+            Simulated::Fresh(nodes, i) => Arc::make_mut(&mut nodes[*i]),
+        }
     }
-    let node = &nodes[i];
-    if narrowed.is_some_and(|set| !set.contains(node.name())) {
-        return Status::unresolvable(NOT_HELPFUL);
+
+    /// Whether the pod fits the node as it is now, the nominated pods counted.
+    fn fits(&self, pod: &PodInfo, input: &PostFilterInput<'_>) -> Status {
+        match self {
+            Simulated::Shared(state, node) => {
+                let filters = input.profile.active_filters(state);
+                Profile::run_filter_with_nominated(&filters, state, pod, node, input.nominated)
+            }
+            Simulated::Fresh(nodes, i) => {
+                let mut state = CycleState::default();
+                let (s, narrowed, _) = input.profile.run_pre_filter(&mut state, pod, nodes);
+                if !s.is_success() {
+                    return s;
+                }
+                let node = &nodes[*i];
+                if narrowed.is_some_and(|set| !set.contains(node.name())) {
+                    return Status::unresolvable(NOT_HELPFUL);
+                }
+                let filters = input.profile.active_filters(&state);
+                Profile::run_filter_with_nominated(&filters, &state, pod, node, input.nominated)
+            }
+        }
     }
-    let filters = profile.active_filters(&state);
-    Profile::run_filter_with_nominated(&filters, &state, pod, node, input.nominated)
 }
 
 /// upstream's `SelectVictimsOnNode`: every lower-priority pod removed, the pod must fit; then each
@@ -194,6 +231,7 @@ fn fits(profile: &Profile, pod: &PodInfo, nodes: &[Arc<NodeInfo>], i: usize, inp
 /// and stays if the pod still fits.
 fn select_victims(
     input: &PostFilterInput<'_>,
+    shared: Option<&CycleState>,
     pod: &PodInfo,
     node: &Arc<NodeInfo>,
     pdbs: &[Arc<PodDisruptionBudget>],
@@ -202,12 +240,19 @@ fn select_victims(
     if potential.is_empty() {
         return Err(Status::unresolvable(NO_VICTIMS));
     }
-    let mut nodes = input.nodes.to_vec();
-    let i = nodes.iter().position(|n| n.name() == node.name()).ok_or_else(|| Status::unresolvable(NOT_HELPFUL))?;
+    let mut sim = match shared {
+        Some(state) => Simulated::Shared(state, node.clone()),
+        None => {
+            let nodes = input.nodes.to_vec();
+            let i =
+                nodes.iter().position(|n| n.name() == node.name()).ok_or_else(|| Status::unresolvable(NOT_HELPFUL))?;
+            Simulated::Fresh(nodes, i)
+        }
+    };
     for p in &potential {
-        Arc::make_mut(&mut nodes[i]).remove_pod(&p.uid);
+        sim.node().remove_pod(&p.uid);
     }
-    let s = fits(input.profile, pod, &nodes, i, input);
+    let s = sim.fits(pod, input);
     if !s.is_success() {
         return Err(s);
     }
@@ -217,9 +262,9 @@ fn select_victims(
     let mut pdb_violations = 0;
     let both = !violating.is_empty() && !fine.is_empty();
     for (p, breaks_budget) in violating.into_iter().map(|p| (p, true)).chain(fine.into_iter().map(|p| (p, false))) {
-        Arc::make_mut(&mut nodes[i]).add_pod(p.clone());
-        if !fits(input.profile, pod, &nodes, i, input).is_success() {
-            Arc::make_mut(&mut nodes[i]).remove_pod(&p.uid);
+        sim.node().add_pod(p.clone());
+        if !sim.fits(pod, input).is_success() {
+            sim.node().remove_pod(&p.uid);
             pdb_violations += usize::from(breaks_budget);
             victims.push(p);
         }

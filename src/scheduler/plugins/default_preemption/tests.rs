@@ -187,3 +187,19 @@ fn arguments_are_validated_as_upstream() {
     let d = DefaultPreemption::new(Args::default(), budgets(vec![])).unwrap();
     assert_eq!((d.num_candidates(50), d.num_candidates(500), d.num_candidates(5000)), (50, 100, 500));
 }
+
+#[test]
+fn pods_whose_prefilter_counts_other_pods_are_simulated_afresh() {
+    let p = profile(vec![]);
+    let nodes = [node("n1", "2", &[pod("low", 1, "1", json!({}), EARLY), pod("mid", 5, "1", json!({}), EARLY)])];
+    let mut new = PodInfo::from_json(json!({
+        "metadata": {"name": "new", "uid": "new", "namespace": "default"},
+        "spec": {"priority": 10, "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
+            "containers": [{"name": "c", "image": "app", "resources": {"requests": {"cpu": "1"}}}]},
+    }));
+    assert!(prefilter_counts_pods(&new, &nodes));
+    assert_eq!(victims(&preempt(&p, &new, &nodes)), ("n1".into(), vec!["low"]));
+    new.claims.clear();
+    assert!(!prefilter_counts_pods(&new, &nodes));
+    assert_eq!(victims(&preempt(&p, &new, &nodes)), ("n1".into(), vec!["low"]));
+}
