@@ -12,7 +12,7 @@
 //! 2. A device node appearing → the Node's allocatable showing it, one node at a time.
 //!
 //! Nothing is asserted; figures go to stdout and `target/bench-devices.json`.
-//! Environment: `CAIRN_BENCH_RUNS` [50] samples of 1; `CAIRN_BENCH_APPEAR` [10] samples of 2;
+//! Environment: `CAIRN_BENCH_RUNS` [50, at most 54] samples of 1; `CAIRN_BENCH_APPEAR` [10] samples of 2;
 //! `CAIRN_BENCH_BIN`, another cairn binary to measure.
 
 #[path = "common/binary.rs"]
@@ -112,6 +112,10 @@ async fn appear(nodes: &Api<Node>, path: &Path) -> Result<f64> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let runs = env_or("CAIRN_BENCH_RUNS", 50);
+    // Device pods stay until the end: two per run and the plain one must fit kubelet's 110 pods.
+    if 2 * runs + 1 > 110 {
+        bail!("CAIRN_BENCH_RUNS={runs}: at most 54, as the node's 110 pods hold two device pods per run");
+    }
     let appearances = env_or("CAIRN_BENCH_APPEAR", 10);
     let fakes = tempfile::tempdir()?;
     for i in 0..runs {

@@ -92,6 +92,21 @@ impl Cairn {
 
 impl Drop for Cairn {
     fn drop(&mut self) {
+        // Containers outlive cairn by design: a bench that stopped half way removes its pods first
+        // (for at most a minute), or they would keep running and skew the next measurement.
+        let _ = Command::new(kubectl_path())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["delete", "pods", "--all", "--all-namespaces", "--force", "--grace-period=0", "--wait=false"])
+            .output();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let sandboxes = |c: &Cairn| {
+            c.cairn(&["ctr", "pods"])
+                .map_or(0, |o| String::from_utf8_lossy(&o.stdout).lines().count().saturating_sub(1))
+        };
+        while sandboxes(self) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(500));
+        }
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
