@@ -3,7 +3,7 @@
 //! publishes the status. Updates for the pod replace each other (the newest wins); the runtime's
 //! changes (PLEG), probe results and timers (backoff, deadlines) wake it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -942,9 +942,12 @@ impl Worker {
         self.ctx.forget(&self.pod);
     }
 
-    /// Removes exited containers beyond the newest `KEEP_EXITED` of each name, with their logs.
+    /// Container GC of a live pod (kubelet's `evictContainers` and `evictSandboxes`): exited
+    /// containers beyond the newest `KEEP_EXITED` of each name go, with their logs; then sandboxes
+    /// older than the newest that are no longer ready and hold no container.
     async fn remove_old_containers(&mut self, pod: &Pod, rt: &RuntimePod) {
         let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut removed = HashSet::new();
         for c in &rt.containers {
             let n = seen.entry(c.name.as_str()).or_default();
             *n += 1;
@@ -956,8 +959,22 @@ impl Worker {
                     let log = self.ctx.log_dir(pod).join(spec::log_path(&c.name, c.restart_count));
                     let _ = std::fs::remove_file(log);
                     self.statuses.remove(&c.id);
+                    removed.insert(c.id.as_str());
                 }
                 Err(e) => tracing::debug!("removing exited container {}: {e}", c.id),
+            }
+        }
+        let ready = cri::PodSandboxState::SandboxReady as i32;
+        for s in rt.sandboxes.iter().skip(1).filter(|s| s.state != ready) {
+            if rt.containers.iter().any(|c| c.sandbox_id == s.id && !removed.contains(c.id.as_str())) {
+                continue;
+            }
+            let request = cri::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() };
+            match self.ctx.runtime.remove_pod_sandbox(request).await {
+                Ok(_) | Err(CriError::NotFound { .. }) => {
+                    tracing::debug!("pod {}: removed the old sandbox {}", spec::full_name(pod), s.id);
+                }
+                Err(e) => tracing::debug!("removing the old sandbox {}: {e}", s.id),
             }
         }
     }

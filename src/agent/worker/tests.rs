@@ -322,3 +322,29 @@ async fn an_ephemeral_container_joins_its_target_and_is_never_restarted() {
     assert!(running(&h.api.status().unwrap()));
     h.stop().await;
 }
+
+#[tokio::test]
+async fn old_sandboxes_and_containers_beyond_the_kept_ones_are_removed() {
+    let h = start(Arc::new(FakeRuntime::with_images(&[IMAGE])), pod(app()));
+    h.status_until("the pod running", running).await;
+    // The sandbox dies: a new one is made, with the container started again in it.
+    let request = cri::StopPodSandboxRequest { pod_sandbox_id: "sandbox-1".into() };
+    crate::agent::runtime::ContainerRuntime::stop_pod_sandbox(&*h.runtime, request).await.unwrap();
+    h.changed();
+    h.until("a second sandbox", || (h.runtime.count("RunPodSandbox") == 2).then_some(())).await;
+    h.status_until("the pod running again", running).await;
+    // The dead container of the old sandbox is the one kept for `logs --previous`: it stays.
+    assert_eq!(h.runtime.count("RemovePodSandbox"), 0);
+    // The new sandbox dies too: the dead container of the second sandbox is now the one kept, and
+    // the first sandbox, emptied, goes.
+    let request = cri::StopPodSandboxRequest { pod_sandbox_id: "sandbox-3".into() };
+    crate::agent::runtime::ContainerRuntime::stop_pod_sandbox(&*h.runtime, request).await.unwrap();
+    h.changed();
+    // Its container starts again after its 10 s back-off (the harness waits 10 s at most).
+    h.until("the back-off", || h.api.events().iter().any(|(r, _)| r == "BackOff").then_some(())).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    h.until("the old sandbox removed", || (h.runtime.count("RemovePodSandbox sandbox-1") == 1).then_some(())).await;
+    assert_eq!(h.runtime.count("RemoveContainer"), 1);
+    assert_eq!(h.runtime.count("RemovePodSandbox"), 1, "the current sandbox stays");
+    h.stop().await;
+}
