@@ -23,14 +23,19 @@ const SCHEDULING_GROUP: &str = "scheduling.k8s.io";
 const BETA_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
 
 impl Registry {
-    fn storage_classes(&self) -> Vec<StorageClass> {
-        let Some(r) = self.find("storage.k8s.io", "v1", "storageclasses") else { return Vec::new() };
+    /// Every stored object of a cluster-scoped resource.
+    fn all_of<T: serde::de::DeserializeOwned>(&self, group: &str, plural: &str) -> Vec<T> {
+        let Some(r) = self.find(group, "v1", plural) else { return Vec::new() };
         self.store()
             .list(&Self::prefix(&r, None), None)
             .items
             .iter()
             .filter_map(|(_, obj)| serde_json::from_slice(&obj.data).ok())
             .collect()
+    }
+
+    fn storage_classes(&self) -> Vec<StorageClass> {
+        self.all_of("storage.k8s.io", "storageclasses")
     }
 
     fn runtime_class(&self, name: &str) -> Option<RuntimeClass> {
@@ -40,13 +45,7 @@ impl Registry {
     }
 
     fn priority_classes(&self) -> Vec<PriorityClass> {
-        let Some(r) = self.find(SCHEDULING_GROUP, "v1", PRIORITY_CLASSES) else { return Vec::new() };
-        self.store()
-            .list(&Self::prefix(&r, None), None)
-            .items
-            .iter()
-            .filter_map(|(_, obj)| serde_json::from_slice(&obj.data).ok())
-            .collect()
+        self.all_of(SCHEDULING_GROUP, PRIORITY_CLASSES)
     }
 
     /// Admission of a create, before the kind's defaults and validation.
