@@ -83,6 +83,22 @@ impl Drop for Node {
         remove_sandboxes(&server.dir.path().join("data/agent/containerd/containerd.sock"));
         let (dir, _) = server.terminate(Duration::from_secs(30));
         super::common::remove_cgroups(&dir);
+        unmount_below(dir.path());
+    }
+}
+
+/// Unmounts what a stopped node left mounted under `dir` (the volumes of pods removed with it),
+/// deepest first, so that the directory can be removed.
+pub fn unmount_below(dir: &std::path::Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| std::path::Path::new(p).starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = nix::mount::umount2(point, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
