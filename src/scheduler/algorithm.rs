@@ -325,6 +325,11 @@ mod tests {
         Fake { name, reject: reject.to_vec(), reason, scores: scores.iter().copied().collect() }
     }
 
+    /// One attempt for a plain pod over nodes of these names, nothing nominated.
+    fn schedule(p: &Profile, names: &[&str]) -> Result<String, Failure> {
+        schedule_pod(p, &mut CycleState::default(), &PodInfo::default(), &nodes(names), &Nominated::default(), &mut 0)
+    }
+
     #[test]
     fn feasible_node_counts_follow_upstream() {
         assert_eq!(num_feasible_nodes_to_find(0, 50), 50);
@@ -342,24 +347,14 @@ mod tests {
             fake("Fit", &["a"], "Insufficient cpu", &[]),
             fake("NodeAffinity", &["b", "c"], "node(s) didn't match Pod's node affinity/selector", &[]),
         ]);
-        let err = schedule_pod(
-            &p,
-            &mut CycleState::default(),
-            &PodInfo::default(),
-            &nodes(&["a", "b", "c"]),
-            &Nominated::default(),
-            &mut 0,
-        )
-        .unwrap_err();
+        let err = schedule(&p, &["a", "b", "c"]).unwrap_err();
         assert_eq!(
             err.to_string(),
             "0/3 nodes are available: 1 Insufficient cpu, 2 node(s) didn't match Pod's node affinity/selector."
         );
         let Failure::Unschedulable(fit) = err else { panic!("not a fit error") };
         assert_eq!(fit.diagnosis.unschedulable_plugins.into_iter().collect::<Vec<_>>(), ["Fit", "NodeAffinity"]);
-        let none =
-            schedule_pod(&p, &mut CycleState::default(), &PodInfo::default(), &[], &Nominated::default(), &mut 0)
-                .unwrap_err();
+        let none = schedule(&p, &[]).unwrap_err();
         assert_eq!(none.to_string(), "no nodes available to schedule pods");
     }
 
@@ -367,29 +362,14 @@ mod tests {
     fn a_single_feasible_node_is_not_scored() {
         // The scorer would fail the attempt with an out-of-range score, were it asked.
         let p = profile(vec![fake("Odd", &["a", "c"], "no", &[("b", 1000)])]);
-        let node = schedule_pod(
-            &p,
-            &mut CycleState::default(),
-            &PodInfo::default(),
-            &nodes(&["a", "b", "c"]),
-            &Nominated::default(),
-            &mut 0,
-        );
+        let node = schedule(&p, &["a", "b", "c"]);
         assert_eq!(node.unwrap(), "b");
     }
 
     #[test]
     fn out_of_range_scores_fail_the_attempt() {
         let p = profile(vec![fake("Odd", &[], "no", &[("a", 101)])]);
-        let err = schedule_pod(
-            &p,
-            &mut CycleState::default(),
-            &PodInfo::default(),
-            &nodes(&["a", "b"]),
-            &Nominated::default(),
-            &mut 0,
-        )
-        .unwrap_err();
+        let err = schedule(&p, &["a", "b"]).unwrap_err();
         assert!(matches!(err, Failure::Error(ref m) if m.contains("invalid score 101")), "{err}");
     }
 
@@ -398,15 +378,7 @@ mod tests {
         let p = profile(vec![fake("S", &[], "", &[("a", 10), ("b", 90), ("c", 90)])]);
         let mut seen = BTreeSet::new();
         for _ in 0..200 {
-            let n = schedule_pod(
-                &p,
-                &mut CycleState::default(),
-                &PodInfo::default(),
-                &nodes(&["a", "b", "c"]),
-                &Nominated::default(),
-                &mut 0,
-            )
-            .unwrap();
+            let n = schedule(&p, &["a", "b", "c"]).unwrap();
             seen.insert(n);
         }
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["b", "c"]);
