@@ -38,10 +38,15 @@ impl Registry {
         self.all_of("storage.k8s.io", "storageclasses")
     }
 
-    fn runtime_class(&self, name: &str) -> Option<RuntimeClass> {
-        let r = self.find("node.k8s.io", "v1", "runtimeclasses")?;
+    /// One stored object of a cluster-scoped resource, by name.
+    fn one_of<T: serde::de::DeserializeOwned>(&self, group: &str, plural: &str, name: &str) -> Option<T> {
+        let r = self.find(group, "v1", plural)?;
         let obj = self.store().get(&Self::key(&r, None, name))?;
         serde_json::from_slice(&obj.data).ok()
+    }
+
+    fn runtime_class(&self, name: &str) -> Option<RuntimeClass> {
+        self.one_of("node.k8s.io", "runtimeclasses", name)
     }
 
     fn priority_classes(&self) -> Vec<PriorityClass> {
@@ -70,8 +75,8 @@ impl Registry {
         let forbid = |msg: String| Err(StatusError::forbidden(&r.info().group_resource(), &name, msg));
         let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
         let class_name = spec.get("priorityClassName").and_then(Value::as_str).unwrap_or_default().to_string();
-        let classes = self.priority_classes();
         let class = if class_name.is_empty() {
+            let classes = self.priority_classes();
             let default =
                 classes.into_iter().filter(|c| c.global_default == Some(true)).min_by_key(|c| c.value.unwrap_or(0));
             if let Some(c) = &default {
@@ -79,7 +84,8 @@ impl Registry {
             }
             default
         } else {
-            match classes.into_iter().find(|c| c.metadata.name.as_deref() == Some(class_name.as_str())) {
+            // One lookup by name, not a listing.
+            match self.one_of::<PriorityClass>(SCHEDULING_GROUP, PRIORITY_CLASSES, &class_name) {
                 Some(c) => Some(c),
                 None => return forbid(format!("no PriorityClass with name {class_name} was found")),
             }
