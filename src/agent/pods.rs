@@ -406,7 +406,7 @@ impl Pods {
         let uid = spec::uid(&pod).to_string();
         let active = !is_finished(&pod) && pod.metadata.deletion_timestamp.is_none();
         let info = Arc::new(PodInfo::from_pod(&pod));
-        let mut rejected = {
+        {
             let workers = self.workers();
             if let Some(h) = workers.get(&uid) {
                 // A change the pod's own status write caused does not wake the worker.
@@ -426,15 +426,17 @@ impl Pods {
                 // Finished while the node was away: what it held is free.
                 self.ctx.host.devices.release(&uid);
             }
-            if active { self.admit(&info, &workers) } else { None }
-        };
-        // Only this task admits pods: none is admitted while a device plugin is asked.
-        if active
-            && rejected.is_none()
-            && let Err(message) = self.ctx.host.devices.admit(&pod).await
-        {
-            rejected = Some(("UnexpectedAdmissionError".to_string(), message));
         }
+        // Devices first, then the rest, in kubelet's order of admit handlers: the node's devices
+        // may have grown before this agent's view of its Node did. Only this task admits pods:
+        // none is admitted while a device plugin is asked.
+        let rejected = match active {
+            false => None,
+            true => match self.ctx.host.devices.admit(&pod).await {
+                Err(message) => Some(("UnexpectedAdmissionError".to_string(), message)),
+                Ok(()) => self.admit(&info, &self.workers()).inspect(|_| self.ctx.host.devices.release(&uid)),
+            },
+        };
         if let Some((reason, message)) = rejected {
             self.reject(pod, reason, message);
             return;
@@ -609,11 +611,16 @@ impl Pods {
     /// and the pods already admitted. Returns the reason and message of a rejection.
     fn admit(&self, pod: &PodInfo, workers: &HashMap<String, Handle>) -> Option<(String, String)> {
         let node = self.ctx.host.node()?;
-        let allocatable = NodeFacts::from_node(&node).allocatable;
+        let mut allocatable = NodeFacts::from_node(&node).allocatable;
         let admitted: Vec<&Arc<PodInfo>> = workers.values().filter(|h| h.active()).map(|h| &h.info).collect();
         let used = |name: &str| admitted.iter().map(|p| p.requests.get(name)).sum::<i64>();
         if allocatable.pods > 0 && admitted.len() as i64 + 1 > allocatable.pods {
             return Some(insufficient("pods", 1, admitted.len() as i64, allocatable.pods));
+        }
+        // upstream's `sanitizeNodeAllocatable`: a device resource has at least the devices handed out.
+        for (name, held) in self.ctx.host.devices.held() {
+            let have = allocatable.scalar.entry(name).or_default();
+            *have = (*have).max(held);
         }
         let mut names = vec!["cpu".to_string(), "memory".into(), "ephemeral-storage".into()];
         // upstream's `removeMissingExtendedResources`: a resource the Node does not list (a device

@@ -269,6 +269,16 @@ impl Manager {
         entries.map(|e| (e.container.clone(), e.resource.clone(), e.devices.clone())).collect()
     }
 
+    /// How many distinct devices of each resource pods hold.
+    pub fn held(&self) -> BTreeMap<String, i64> {
+        let state = self.lock();
+        let mut held: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for e in &state.assignments.entries {
+            held.entry(&e.resource).or_default().extend(e.devices.iter().map(String::as_str));
+        }
+        held.into_iter().map(|(r, d)| (r.to_string(), d.len() as i64)).collect()
+    }
+
     /// Each resource's healthy devices.
     pub fn allocatable(&self) -> Vec<(String, Vec<String>)> {
         let state = self.lock();
