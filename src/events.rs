@@ -182,6 +182,12 @@ impl Recorder {
         Recorder { tx }
     }
 
+    /// A recorder whose events go nowhere (unit tests).
+    #[cfg(test)]
+    pub fn discarding() -> Self {
+        Recorder { tx: mpsc::channel(1).0 }
+    }
+
     /// Records an event; never blocks. `action` is what the component was doing (`Scheduling`).
     pub fn record(&self, object: ObjectRef, kind: EventType, reason: &str, action: &'static str, message: String) {
         let key = Key { object, kind, reason: reason.to_string(), message };

@@ -333,6 +333,24 @@ struct NodeArgs {
     /// How often image garbage collection looks at the images (tests shorten kubelet's five minutes)
     #[arg(long, default_value = "5m", value_parser = parse_duration, hide = true)]
     image_gc_period: std::time::Duration,
+    /// Eviction thresholds that if met evict a pod at once, e.g. memory.available<1Gi (kubelet's flag; setting it replaces all the defaults)
+    #[arg(long, default_value = agent::eviction::thresholds::DEFAULT_HARD)]
+    eviction_hard: String,
+    /// Eviction thresholds that if met over their grace period evict a pod, e.g. memory.available<1.5Gi
+    #[arg(long, default_value = "")]
+    eviction_soft: String,
+    /// Grace periods of the soft eviction thresholds, e.g. memory.available=1m30s
+    #[arg(long, default_value = "")]
+    eviction_soft_grace_period: String,
+    /// What eviction frees beyond a threshold once it is met, e.g. imagefs.available=2Gi
+    #[arg(long, default_value = "")]
+    eviction_minimum_reclaim: String,
+    /// The most grace, in seconds, a pod evicted for a soft threshold gets (0: its own)
+    #[arg(long, default_value_t = 0)]
+    eviction_max_pod_grace_period: i64,
+    /// How long a pressure condition stays after the pressure is gone
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    eviction_pressure_transition_period: std::time::Duration,
 }
 
 /// Flags of `cairn agent`, a node joining a server.
@@ -629,6 +647,17 @@ fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) ->
         period: args.image_gc_period.max(std::time::Duration::from_secs(1)),
     };
     image_gc.validate().map_err(|e| anyhow::anyhow!("--image-gc-high-threshold/--image-gc-low-threshold: {e}"))?;
+    let eviction = agent::eviction::Config {
+        thresholds: agent::eviction::thresholds::parse(
+            &args.eviction_hard,
+            &args.eviction_soft,
+            &args.eviction_soft_grace_period,
+            &args.eviction_minimum_reclaim,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?,
+        pressure_transition: args.eviction_pressure_transition_period,
+        max_pod_grace: args.eviction_max_pod_grace_period,
+    };
     let node_ips = match args.node_ip {
         Some(ip) => vec![ip],
         None => node::local_ips(Some(&runtime.network().bridge)),
@@ -650,6 +679,7 @@ fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) ->
         control_plane,
         pod_manifest_path,
         image_gc,
+        eviction,
     })
 }
 

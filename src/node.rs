@@ -46,6 +46,8 @@ pub struct NodeConfig {
     pub pod_manifest_path: PathBuf,
     /// `--image-gc-*`: when unused images are removed.
     pub image_gc: agent::image_gc::Policy,
+    /// `--eviction-*`: when pods are evicted to keep the node up.
+    pub eviction: agent::eviction::Config,
 }
 
 /// The clients the node's parts act through: the agent as the node (`system:node:<name>`), the
@@ -93,6 +95,7 @@ pub async fn start(
         control_plane: cfg.control_plane,
         pod_manifest_path: cfg.pod_manifest_path.clone(),
         image_gc: cfg.image_gc.clone(),
+        eviction: cfg.eviction.clone(),
     };
     if cluster.dns {
         start_cluster_dns(cluster, cfg.resolv_conf.as_deref(), clients.controller.clone(), shutdown)

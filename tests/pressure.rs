@@ -2,7 +2,8 @@
 //! kubectl). A pod of a high PriorityClass on a node whose CPU is taken by a low-priority pod
 //! preempts it: the victim is stopped gracefully and the preemptor runs in its place. An image
 //! filesystem (a small tmpfs under containerd's root) filled past the image GC threshold loses its
-//! unused image and keeps the one a pod uses.
+//! unused image and keeps the one a pod uses. A pod holding memory past a test-lowered
+//! `--eviction-hard memory.available` threshold is evicted while a Guaranteed pod runs on.
 //!
 //! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
 
@@ -185,4 +186,101 @@ fn a_full_image_filesystem_sheds_unused_images_and_keeps_used_ones() {
         (!e.is_empty()).then_some(e)
     });
     assert!(failed.starts_with("Failed to garbage collect required amount of images. Attempted to free "), "{failed}");
+}
+
+/// The machine's memory as cairn reads it (`MemTotal`), in bytes.
+fn mem_total() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:")).unwrap();
+    kib.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024
+}
+
+fn events(node: &Server, selector: &str) -> String {
+    node.ok(&["get", "events", "--field-selector", selector, "-o", "jsonpath={.items[*].message}"])
+}
+
+#[test]
+fn a_pod_eating_memory_past_the_threshold_is_evicted_and_a_guaranteed_pod_is_spared() {
+    // Pods get 600Mi (everything else is reserved for the system); under 300Mi of it left is
+    // memory pressure: a pod holding 400Mi brings the node there on its own.
+    let reserved = format!("--system-reserved=memory={}", mem_total() - (600 << 20));
+    let flags =
+        [reserved.as_str(), "--eviction-hard=memory.available<300Mi", "--eviction-pressure-transition-period=30s"];
+    let node = Node::start_with("10.65.0.0/16", &flags);
+    eventually(60, || node_ready(&node));
+    let node_name = get(&node, "nodes", "{.items[0].metadata.name}");
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: steady}}
+spec:
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources:
+      requests: {{cpu: 100m, memory: 64Mi}}
+      limits: {{cpu: 100m, memory: 64Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: hog}}
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: hog
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    # tail keeps the whole newline-free input in memory while it waits for more.
+    command: ["sh", "-c", "(head -c 419430400 /dev/zero; sleep 3600) | tail > /dev/null"]
+"#
+        ),
+    );
+    wait_running(&node, "steady");
+    let hog_uid = get(&node, "pod/hog", "{.metadata.uid}");
+    eventually(120, || (get(&node, "pod/hog", "{.status.phase}") == "Failed").then_some(()));
+    assert_eq!(get(&node, "pod/hog", "{.status.reason}"), "Evicted");
+    let message = get(&node, "pod/hog", "{.status.message}");
+    assert!(
+        message.starts_with("The node was low on resource: memory. Threshold quantity: 300Mi, available: "),
+        "{message}"
+    );
+    assert!(
+        message.contains("Container hog was using ")
+            && message.ends_with(", request is 0, has larger consumption of memory. "),
+        "{message}"
+    );
+    let disruption = get(&node, "pod/hog", r#"{.status.conditions[?(@.type=="DisruptionTarget")].reason}"#);
+    assert_eq!(disruption, "TerminationByKubelet");
+    let evicted = events(&node, &format!("involvedObject.uid={hog_uid},reason=Evicted"));
+    assert_eq!(evicted, message);
+    assert!(!events(&node, "involvedObject.kind=Node,reason=NodeHasInsufficientMemory").is_empty());
+    assert_eq!(events(&node, "involvedObject.kind=Node,reason=EvictionThresholdMet"), "Attempting to reclaim memory");
+
+    // The Guaranteed pod kept running, never restarted.
+    assert_eq!(get(&node, "pod/steady", "{.status.phase}"), "Running");
+    assert_eq!(get(&node, "pod/steady", "{.status.containerStatuses[0].restartCount}"), "0");
+
+    // The condition holds for the transition period: a BestEffort pod sent straight to the node
+    // (the scheduler would keep it off the tainted node) is turned away meanwhile.
+    let pressure = r#"{.items[0].status.conditions[?(@.type=="MemoryPressure")].status}"#;
+    assert_eq!(get(&node, "nodes", pressure), "True");
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: late}}\nspec:\n  nodeName: {node_name}\n  containers:\n  - {{name: main, image: {BUSYBOX}, imagePullPolicy: Never, command: [sleep, '3600']}}\n"
+        ),
+    );
+    eventually(30, || (get(&node, "pod/late", "{.status.phase}") == "Failed").then_some(()));
+    assert_eq!(get(&node, "pod/late", "{.status.reason}"), "Evicted");
+    assert_eq!(
+        get(&node, "pod/late", "{.status.message}"),
+        "Pod was rejected: The node had condition: [MemoryPressure]. "
+    );
+    // The pressure is gone: after the transition period the condition is False again.
+    eventually(90, || (get(&node, "nodes", pressure) == "False").then_some(()));
+    assert!(!events(&node, "involvedObject.kind=Node,reason=NodeHasSufficientMemory").is_empty());
 }

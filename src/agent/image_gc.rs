@@ -134,6 +134,32 @@ impl Records {
         }
         let target = u128::from(fs.capacity) * u128::from(100 - policy.low_percent) / 100;
         let to_free = u64::try_from(target).unwrap_or(u64::MAX).saturating_sub(fs.available);
+        Some(self.choose(now, policy, to_free, images, in_use, protected))
+    }
+
+    /// kubelet's `DeleteUnusedImages`, the eviction manager's reclaim: every unused image past the
+    /// minimum age, whatever the filesystem's use.
+    pub fn plan_all(
+        &self,
+        now: Instant,
+        policy: &Policy,
+        images: &[Image],
+        in_use: &HashSet<String>,
+        protected: impl Fn(&Image) -> bool,
+    ) -> Plan {
+        self.choose(now, policy, u64::MAX, images, in_use, protected)
+    }
+
+    /// Unused, unprotected images past the minimum age, least recently used first, until `to_free`.
+    fn choose(
+        &self,
+        now: Instant,
+        policy: &Policy,
+        to_free: u64,
+        images: &[Image],
+        in_use: &HashSet<String>,
+        protected: impl Fn(&Image) -> bool,
+    ) -> Plan {
         let mut candidates: Vec<(&Image, Record)> = images
             .iter()
             .filter(|i| !in_use.contains(&i.id) && !protected(i))
@@ -149,7 +175,7 @@ impl Records {
             plan.remove.push(image.id.clone());
             plan.freed += image.size;
         }
-        Some(plan)
+        plan
     }
 }
 
@@ -171,113 +197,134 @@ impl Protected {
     }
 }
 
-/// Looks at the images every `policy.period` and collects when the image filesystem is full enough,
-/// until `shutdown`.
-pub async fn run(
+/// The image garbage collector: what it knows of the images, shared by its own rounds and the
+/// eviction manager's reclaim.
+pub struct ImageGc {
     cri: Cri,
     policy: Policy,
     protected: Protected,
-    recorder: Recorder,
-    node: ObjectRef,
-    shutdown: CancellationToken,
-) {
-    let mut records = Records::default();
-    let mut failed_before = false;
-    loop {
-        match collect(&cri, &policy, &protected, &mut records).await {
-            Ok(None) => failed_before = false,
-            Ok(Some(plan)) if plan.freed >= plan.to_free => failed_before = false,
-            Ok(Some(plan)) => {
-                let message = format!(
-                    "Failed to garbage collect required amount of images. Attempted to free {} bytes, but only found {} bytes eligible to free.",
-                    plan.to_free, plan.freed
-                );
-                tracing::warn!("image garbage collection: {message}");
-                recorder.record(node.clone(), EventType::Warning, "FreeDiskSpaceFailed", "", message.clone());
-                if failed_before {
-                    recorder.record(node.clone(), EventType::Warning, "ImageGCFailed", "", message);
-                }
-                failed_before = true;
-            }
-            Err(e) => {
-                if failed_before {
-                    tracing::warn!("image garbage collection failed multiple times in a row: {e}");
-                    recorder.record(node.clone(), EventType::Warning, "ImageGCFailed", "", e.to_string());
-                } else {
-                    tracing::info!(
-                        "image garbage collection failed once, stats initialization may not have completed yet: {e}"
+    records: tokio::sync::Mutex<Records>,
+}
+
+impl ImageGc {
+    pub fn new(cri: Cri, policy: Policy, protected: Protected) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(ImageGc { cri, policy, protected, records: Default::default() })
+    }
+
+    /// Looks at the images every `policy.period` and collects when the image filesystem is full
+    /// enough, until `shutdown`.
+    pub async fn run(self: std::sync::Arc<Self>, recorder: Recorder, node: ObjectRef, shutdown: CancellationToken) {
+        let mut failed_before = false;
+        loop {
+            match self.collect(false).await {
+                Ok(None) => failed_before = false,
+                Ok(Some(plan)) if plan.freed >= plan.to_free => failed_before = false,
+                Ok(Some(plan)) => {
+                    let message = format!(
+                        "Failed to garbage collect required amount of images. Attempted to free {} bytes, but only found {} bytes eligible to free.",
+                        plan.to_free, plan.freed
                     );
+                    tracing::warn!("image garbage collection: {message}");
+                    recorder.record(node.clone(), EventType::Warning, "FreeDiskSpaceFailed", "", message.clone());
+                    if failed_before {
+                        recorder.record(node.clone(), EventType::Warning, "ImageGCFailed", "", message);
+                    }
+                    failed_before = true;
                 }
-                failed_before = true;
+                Err(e) => {
+                    if failed_before {
+                        tracing::warn!("image garbage collection failed multiple times in a row: {e}");
+                        recorder.record(node.clone(), EventType::Warning, "ImageGCFailed", "", e.to_string());
+                    } else {
+                        tracing::info!(
+                            "image garbage collection failed once, stats initialization may not have completed yet: {e}"
+                        );
+                    }
+                    failed_before = true;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.policy.period) => {}
+                _ = shutdown.cancelled() => return,
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(policy.period) => {}
-            _ = shutdown.cancelled() => return,
+    }
+
+    /// kubelet's `DeleteUnusedImages`: removes every unused image past the minimum age. Returns
+    /// the bytes freed.
+    pub async fn delete_unused(&self) -> anyhow::Result<u64> {
+        Ok(self.collect(true).await?.map_or(0, |p| p.freed))
+    }
+
+    /// One round: the plan carried out (`None` when the filesystem is below the high threshold);
+    /// `all` removes every unused image whatever the filesystem's use.
+    async fn collect(&self, all: bool) -> anyhow::Result<Option<Plan>> {
+        let cri = &self.cri;
+        let mut records = self.records.lock().await;
+        let now = Instant::now();
+        let images: Vec<Image> = cri
+            .list_images(Default::default())
+            .await?
+            .images
+            .into_iter()
+            .map(|i| Image { references: [i.repo_tags, i.repo_digests].concat(), id: i.id, size: i.size })
+            .collect();
+        let in_use: HashSet<String> =
+            cri.list_containers(Default::default()).await?.containers.into_iter().map(|c| c.image_ref).collect();
+        records.detect(now, &images, &in_use);
+        let keep = self.protected.references();
+        let protected = |i: &Image| i.references.iter().any(|r| keep.contains(r));
+        let mut plan = if all {
+            records.plan_all(now, &self.policy, &images, &in_use, protected)
+        } else {
+            let fs = image_fs_usage(cri).await?;
+            let Some(plan) = records.plan(now, &self.policy, fs, &images, &in_use, protected) else {
+                return Ok(None);
+            };
+            let used = 100 - fs.available.saturating_mul(100) / fs.capacity.max(1);
+            tracing::info!(
+                "image filesystem {used}% used (high threshold {}%): freeing {} bytes, {} image(s) eligible",
+                self.policy.high_percent,
+                plan.to_free,
+                plan.remove.len()
+            );
+            plan
+        };
+        drop(records);
+        let mut freed = 0;
+        for id in &plan.remove {
+            let image = images.iter().find(|i| i.id == *id);
+            let size = image.map_or(0, |i| i.size);
+            let spec = cri::ImageSpec { image: id.clone(), ..Default::default() };
+            match cri.remove_image(cri::RemoveImageRequest { image: Some(spec) }).await {
+                Ok(_) => {
+                    tracing::info!(
+                        "removed unused image {} ({size} bytes)",
+                        image.and_then(|i| i.references.first()).unwrap_or(id)
+                    );
+                    freed += size;
+                }
+                Err(e) => tracing::warn!("removing image {id}: {e}"),
+            }
         }
+        plan.freed = freed;
+        Ok(Some(plan))
     }
 }
 
-/// One look at the images, and the collection it calls for.
-async fn collect(
-    cri: &Cri,
-    policy: &Policy,
-    protected: &Protected,
-    records: &mut Records,
-) -> anyhow::Result<Option<Plan>> {
-    let now = Instant::now();
-    let images: Vec<Image> = cri
-        .list_images(Default::default())
-        .await?
-        .images
-        .into_iter()
-        .map(|i| Image { references: [i.repo_tags, i.repo_digests].concat(), id: i.id, size: i.size })
-        .collect();
-    // Every container, exited ones too, holds its image (kubelet's `GetPods(true)`).
-    let in_use: HashSet<String> =
-        cri.list_containers(Default::default()).await?.containers.into_iter().map(|c| c.image_ref).collect();
-    records.detect(now, &images, &in_use);
-    let fs = image_fs_usage(cri).await?;
-    let keep = protected.references();
-    let plan = records.plan(now, policy, fs, &images, &in_use, |i| i.references.iter().any(|r| keep.contains(r)));
-    let Some(mut plan) = plan else { return Ok(None) };
-    let used = 100 - fs.available.saturating_mul(100) / fs.capacity.max(1);
-    tracing::info!(
-        "image filesystem {used}% used (high threshold {}%): freeing {} bytes, {} image(s) eligible",
-        policy.high_percent,
-        plan.to_free,
-        plan.remove.len()
-    );
-    let mut freed = 0;
-    for id in &plan.remove {
-        let image = images.iter().find(|i| i.id == *id);
-        let size = image.map_or(0, |i| i.size);
-        let spec = cri::ImageSpec { image: id.clone(), ..Default::default() };
-        match cri.remove_image(cri::RemoveImageRequest { image: Some(spec) }).await {
-            Ok(_) => {
-                tracing::info!(
-                    "removed unused image {} ({size} bytes)",
-                    image.and_then(|i| i.references.first()).unwrap_or(id)
-                );
-                freed += size;
-            }
-            Err(e) => tracing::warn!("removing image {id}: {e}"),
-        }
-    }
-    plan.freed = freed;
-    Ok(Some(plan))
-}
-
-/// The image filesystem's size and free space: the runtime names its mount point.
-async fn image_fs_usage(cri: &Cri) -> anyhow::Result<FsUsage> {
+/// Where the runtime keeps its images (CRI `ImageFsInfo`).
+pub async fn image_fs_mount(cri: &Cri) -> anyhow::Result<String> {
     let info = cri.image_fs_info(cri::ImageFsInfoRequest {}).await?;
-    let mount = info
-        .image_filesystems
+    info.image_filesystems
         .first()
         .and_then(|f| f.fs_id.as_ref())
         .map(|f| f.mountpoint.clone())
         .filter(|m| !m.is_empty())
-        .ok_or_else(|| anyhow::anyhow!("the runtime names no image filesystem"))?;
+        .ok_or_else(|| anyhow::anyhow!("the runtime names no image filesystem"))
+}
+
+async fn image_fs_usage(cri: &Cri) -> anyhow::Result<FsUsage> {
+    let mount = image_fs_mount(cri).await?;
     let stat = nix::sys::statvfs::statvfs(mount.as_str())
         .map_err(|e| anyhow::anyhow!("statfs of the image filesystem {mount}: {e}"))?;
     let block = stat.fragment_size();

@@ -11,6 +11,7 @@ pub mod credentials;
 pub mod dns;
 pub mod endpoint;
 pub mod env;
+pub mod eviction;
 #[cfg(test)]
 pub mod fake;
 pub mod image_gc;
@@ -83,6 +84,8 @@ pub struct Config {
     pub pod_manifest_path: std::path::PathBuf,
     /// kubelet's `--image-gc-*` flags.
     pub image_gc: image_gc::Policy,
+    /// kubelet's `--eviction-*` flags.
+    pub eviction: eviction::Config,
 }
 
 /// The local store's entry of the Node.
@@ -195,6 +198,7 @@ pub fn start(
             }
         }
     };
+    let pressure = Arc::new(eviction::Pressure::default());
     let mut settings = pods::Settings {
         node_name: cfg.node_name.clone(),
         node_ip: cfg.node_ip.map(|ip| ip.to_string()),
@@ -212,6 +216,7 @@ pub fn start(
             shutdown.clone(),
         )),
         local_store: local_store.clone(),
+        pressure: pressure.clone(),
     };
     let heartbeat = Heartbeat {
         nodes: Api::all(client.clone()),
@@ -222,11 +227,12 @@ pub fn start(
         health,
         runtime_health: runtime_health.clone(),
         devices: devices.clone(),
+        pressure: pressure.clone(),
         labels,
         lease: std::sync::Mutex::new(None),
         local: local_store,
     };
-    tokio::spawn(image_gc::run(
+    let image_gc = image_gc::ImageGc::new(
         cri.clone(),
         heartbeat.cfg.image_gc.clone(),
         image_gc::Protected {
@@ -234,10 +240,18 @@ pub fn start(
             imported_state: (!heartbeat.cfg.image_gc.air_gapped)
                 .then(|| crate::runtime::imported_state_file(&heartbeat.cfg.data_dir)),
         },
-        crate::events::Recorder::spawn(client.clone(), "kubelet".into(), heartbeat.cfg.node_name.clone()),
-        node_ref(&heartbeat.cfg.node_name),
-        shutdown.clone(),
-    ));
+    );
+    let recorder = crate::events::Recorder::spawn(client.clone(), "kubelet".into(), heartbeat.cfg.node_name.clone());
+    tokio::spawn(image_gc.clone().run(recorder.clone(), node_ref(&heartbeat.cfg.node_name), shutdown.clone()));
+    let evictions = eviction::Manager {
+        config: heartbeat.cfg.eviction.clone(),
+        pressure,
+        recorder,
+        node: node_ref(&heartbeat.cfg.node_name),
+    };
+    let nodefs = heartbeat.cfg.data_dir.join("agent");
+    let pods_memory = i128::from(heartbeat.machine.memory_bytes) - heartbeat.cfg.reserved.get("memory") / 1000;
+    let image_cri = cri.clone();
     let first = Arc::new(tokio::sync::Notify::new());
     let registered = first.clone();
     let stop = shutdown.clone();
@@ -268,6 +282,9 @@ pub fn start(
         }
         let stats = stats::Stats::new(pods.runtime().clone(), node_name);
         tokio::spawn(stats.clone().run(stop.clone()));
+        let sources =
+            eviction::observe::Sources { stats: stats.clone(), cri: image_cri, nodefs, pods_memory, image_gc };
+        tokio::spawn(evictions.run(sources, pods.clone(), stats.samples(), stop.clone()));
         if let Some(e) = endpoint {
             let router = endpoint::router(pods, stats, sessions);
             if let Some(local) = e.local {
@@ -350,6 +367,8 @@ struct Heartbeat {
     runtime_health: Arc<context::RuntimeHealth>,
     /// The device plugins' resources; a change is reported at once.
     devices: crate::devices::Manager,
+    /// The eviction manager's conditions; a change is reported at once.
+    pressure: Arc<eviction::Pressure>,
     /// Labels of what the node found on itself (its GPUs).
     labels: std::collections::BTreeMap<String, String>,
     /// The Lease as last written.
@@ -369,10 +388,12 @@ impl Heartbeat {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reported: Option<(NodeStatus, Instant)> = None;
         let mut devices = self.devices.changes();
+        let mut pressure = self.pressure.changes();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = devices.changed() => {}
+                _ = pressure.changed() => {}
                 _ = shutdown.cancelled() => return,
             }
             let mut healthy = true;
@@ -421,6 +442,8 @@ impl Heartbeat {
             devices: self.devices.capacity(),
             labels: &self.labels,
             control_plane: self.cfg.control_plane,
+            eviction: &self.cfg.eviction.thresholds,
+            pressure: self.pressure.conditions(),
             now: now(),
         };
         // Written on the version read; another writer in between means reading again.

@@ -1,7 +1,7 @@
 //! The Node object this agent reports: machine facts, capacity and allocatable, conditions,
 //! addresses, nodeInfo and images, built the way kubelet's status setters build them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -12,15 +12,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
+use super::eviction::thresholds::hard_reservation;
+use super::eviction::{Condition, Threshold};
 use crate::net::Cidr;
 use crate::runtime::cri;
 
 /// Pods per node (kubelet's `--max-pods`).
 pub const MAX_PODS: u32 = 110;
-/// kubelet's default hard eviction threshold for memory (`memory.available<100Mi`).
-const EVICTION_MEMORY_BYTES: i128 = 100 << 20;
-/// kubelet's default hard eviction threshold for the node filesystem (`nodefs.available<10%`).
-const EVICTION_NODEFS_PERCENT: i128 = 10;
 /// How many images `status.images` lists (kubelet's `nodeStatusMaxImages`).
 const MAX_IMAGES: usize = 50;
 
@@ -55,7 +53,8 @@ impl Reserved {
         Reserved(sum)
     }
 
-    fn get(&self, name: &str) -> i128 {
+    /// The reservation of `name`, in milli-units.
+    pub fn get(&self, name: &str) -> i128 {
         self.0.get(name).copied().unwrap_or(0)
     }
 }
@@ -176,6 +175,10 @@ pub struct Inputs<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// Whether the node runs the control plane (`node-role.kubernetes.io/control-plane`).
     pub control_plane: bool,
+    /// The eviction thresholds: allocatable holds back the hard memory and nodefs ones.
+    pub eviction: &'a [Threshold],
+    /// The pressure conditions the eviction manager sees now.
+    pub pressure: BTreeSet<Condition>,
     pub now: Time,
 }
 
@@ -238,9 +241,10 @@ pub fn status(inputs: &Inputs, previous: Option<&NodeStatus>) -> NodeStatus {
     }
     let r = inputs.reserved;
     let cpu_milli = (i128::from(m.cpus) * 1000 - r.get("cpu")).max(0);
-    let memory = (i128::from(m.memory_bytes) - r.get("memory") / 1000 - EVICTION_MEMORY_BYTES).max(0);
     let disk = i128::from(m.ephemeral_bytes);
-    let ephemeral = (disk - r.get("ephemeral-storage") / 1000 - disk * EVICTION_NODEFS_PERCENT / 100).max(0);
+    let (evict_memory, evict_disk) = hard_reservation(inputs.eviction, i128::from(m.memory_bytes), disk);
+    let memory = (i128::from(m.memory_bytes) - r.get("memory") / 1000 - evict_memory).max(0);
+    let ephemeral = (disk - r.get("ephemeral-storage") / 1000 - evict_disk).max(0);
     let mut allocatable = capacity.clone();
     allocatable.insert(
         "cpu".into(),
@@ -258,15 +262,22 @@ pub fn status(inputs: &Inputs, previous: Option<&NodeStatus>) -> NodeStatus {
         None => ("True", "KubeletReady", "kubelet is posting ready status".to_string()),
         Some(why) => ("False", "KubeletNotReady", why.clone()),
     };
+    let pressure = |c: Condition| {
+        let (reason, message) = match (c, inputs.pressure.contains(&c)) {
+            (Condition::Memory, true) => ("KubeletHasInsufficientMemory", "kubelet has insufficient memory available"),
+            (Condition::Memory, false) => ("KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+            (Condition::Disk, true) => ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+            (Condition::Disk, false) => ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            (Condition::Pid, true) => ("KubeletHasInsufficientPID", "kubelet has insufficient PID available"),
+            (Condition::Pid, false) => ("KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        };
+        let status = if inputs.pressure.contains(&c) { "True" } else { "False" };
+        (c.name(), status, reason, message.to_string())
+    };
     let conditions = [
-        (
-            "MemoryPressure",
-            "False",
-            "KubeletHasSufficientMemory",
-            "kubelet has sufficient memory available".to_string(),
-        ),
-        ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure".to_string()),
-        ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available".to_string()),
+        pressure(Condition::Memory),
+        pressure(Condition::Disk),
+        pressure(Condition::Pid),
         ("Ready", ready, reason, message),
     ];
     let previous_transition = |kind: &str, status: &str| {
@@ -370,6 +381,9 @@ mod tests {
     }
 
     static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+    static DEFAULT_EVICTION: std::sync::LazyLock<Vec<Threshold>> = std::sync::LazyLock::new(|| {
+        crate::agent::eviction::thresholds::parse(crate::agent::eviction::thresholds::DEFAULT_HARD, "", "", "").unwrap()
+    });
 
     fn inputs<'a>(m: &'a Machine, r: &'a Reserved, not_ready: Option<String>, now: &str) -> Inputs<'a> {
         Inputs {
@@ -386,6 +400,8 @@ mod tests {
             devices: BTreeMap::new(),
             labels: &NO_LABELS,
             control_plane: true,
+            eviction: &DEFAULT_EVICTION,
+            pressure: BTreeSet::new(),
             now: Time(now.parse().unwrap()),
         }
     }

@@ -28,7 +28,7 @@ use super::runtime::{ContainerRuntime, RuntimeExec};
 use super::spec;
 use super::static_pods;
 use super::status::keys;
-use super::worker::{Latest, Update, Worker};
+use super::worker::{Eviction, Latest, Update, Worker};
 use crate::cgroups;
 use crate::events::EventType;
 use crate::runtime::cri::{self, Cri};
@@ -55,6 +55,8 @@ pub struct Settings {
     pub static_pods: Option<watch::Receiver<Arc<Vec<Pod>>>>,
     /// Where a joined node keeps what it last knew, to start from while the server is away.
     pub local_store: Option<Arc<LocalStore>>,
+    /// The node's pressure conditions, which admission consults.
+    pub pressure: Arc<super::eviction::Pressure>,
 }
 
 struct Handle {
@@ -64,6 +66,7 @@ struct Handle {
     info: Arc<PodInfo>,
     stopped: Arc<AtomicBool>,
     latest: Latest,
+    eviction: Eviction,
 }
 
 impl Handle {
@@ -102,6 +105,7 @@ pub struct Pods {
     /// Held while mirror pods are brought in line, so that one pass runs at a time.
     mirroring: tokio::sync::Mutex<()>,
     local: Option<Arc<LocalStore>>,
+    pressure: Arc<super::eviction::Pressure>,
     /// Told whenever a worker has ended (a static pod may be waiting for its name).
     ended: Notify,
     shutdown: CancellationToken,
@@ -180,6 +184,7 @@ pub fn start(
         static_pods: Mutex::new(settings.static_pods),
         mirroring: tokio::sync::Mutex::new(()),
         local: settings.local_store,
+        pressure: settings.pressure,
         ended: Notify::new(),
         shutdown: shutdown.clone(),
     });
@@ -193,6 +198,26 @@ pub fn start(
 impl crate::devices::podresources::ActivePods for Pods {
     fn active_pods(&self) -> Vec<Pod> {
         self.active()
+    }
+}
+
+impl super::eviction::Pods for Pods {
+    fn active(&self) -> Vec<Pod> {
+        Pods::active(self)
+    }
+
+    /// kubelet's `killPodNow` for an eviction: the pod's worker stops it within `grace` seconds
+    /// and fails it with reason `Evicted`; the event says why.
+    fn evict(&self, pod: &Pod, grace: i64, message: String) {
+        self.ctx.event(pod, EventType::Warning, super::eviction::REASON, message.clone());
+        if let Some(h) = self.workers().get(spec::uid(pod)) {
+            *h.eviction.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((grace, message));
+            h.wake.notify_one();
+        }
+    }
+
+    fn stopped(&self, uid: &str) -> bool {
+        self.workers().get(uid).is_none_or(|h| !h.active())
     }
 }
 
@@ -432,6 +457,7 @@ impl Pods {
         // none is admitted while a device plugin is asked.
         let rejected = match active {
             false => None,
+            true if let Some(pressure) = self.pressure.admit(&pod) => Some(pressure),
             true => match self.ctx.host.devices.admit(&pod).await {
                 Err(message) => Some(("UnexpectedAdmissionError".to_string(), message)),
                 Ok(()) => self.admit(&info, &self.workers()).inspect(|_| self.ctx.host.devices.release(&uid)),
@@ -446,7 +472,7 @@ impl Pods {
         let wake = Arc::new(Notify::new());
         let stopped = Arc::new(AtomicBool::new(!active));
         let worker = Worker::new(self.ctx.clone(), pod, rx, wake.clone(), stopped.clone());
-        let latest = worker.latest();
+        let (latest, eviction) = (worker.latest(), worker.eviction());
         let (manager, shutdown, key) = (self.clone(), self.shutdown.clone(), uid.clone());
         tokio::spawn(async move {
             worker.run(shutdown).await;
@@ -455,7 +481,7 @@ impl Pods {
             manager.ctx.host.devices.release(&key);
             manager.ended.notify_one();
         });
-        self.workers().insert(uid, Handle { tx, wake, info, stopped, latest });
+        self.workers().insert(uid, Handle { tx, wake, info, stopped, latest, eviction });
         self.update_qos();
     }
 

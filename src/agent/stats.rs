@@ -74,6 +74,20 @@ pub struct ContainerStats {
     pub cpu: Option<CpuStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
+    /// The container's writable layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<FsStats>,
+}
+
+/// A filesystem's use by one container (the Summary API's `FsStats`, the parts cairn measures).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsStats {
+    pub time: Time,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes_used: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,6 +143,7 @@ pub struct ContainerReading {
     /// CPU: (reading time, cumulative nanoseconds).
     pub cpu: Option<(i64, u64)>,
     pub memory: Option<cri::MemoryUsage>,
+    pub writable_layer: Option<cri::FilesystemUsage>,
 }
 
 /// `/proc/meminfo` in bytes, as kubelet's node memory: usage counts page cache, the working set
@@ -227,11 +242,17 @@ pub fn summarize(node_name: &str, before: Option<&Reading>, now: &Reading) -> Su
             working_set_bytes: m.working_set_bytes.as_ref().map(|v| v.value),
             rss_bytes: m.rss_bytes.as_ref().map(|v| v.value),
         });
+        let rootfs = c.writable_layer.as_ref().map(|w| FsStats {
+            time: time_of(w.timestamp),
+            used_bytes: w.used_bytes.as_ref().map(|v| v.value),
+            inodes_used: w.inodes_used.as_ref().map(|v| v.value),
+        });
         pod.containers.push(ContainerStats {
             name: c.name.clone(),
             start_time: (c.started_ns > 0).then(|| time_of(c.started_ns)),
             cpu,
             memory,
+            rootfs,
         });
     }
     let pods = pods
@@ -366,17 +387,35 @@ pub struct Stats {
     node_name: String,
     proc_dir: PathBuf,
     state: Mutex<(Option<Reading>, Arc<Summary>)>,
+    /// Counts the readings taken.
+    sampled: tokio::sync::watch::Sender<u64>,
 }
 
 impl Stats {
     pub fn new(runtime: Arc<dyn ContainerRuntime>, node_name: String) -> Arc<Self> {
         let summary = Summary { node: NodeStats { node_name: node_name.clone(), ..Default::default() }, pods: vec![] };
-        Arc::new(Stats { runtime, node_name, proc_dir: "/proc".into(), state: Mutex::new((None, Arc::new(summary))) })
+        Arc::new(Stats {
+            runtime,
+            node_name,
+            proc_dir: "/proc".into(),
+            state: Mutex::new((None, Arc::new(summary))),
+            sampled: tokio::sync::watch::Sender::new(0),
+        })
     }
 
     /// The newest Summary (the node's name only, before the first reading).
     pub fn summary(&self) -> Arc<Summary> {
         self.state.lock().map(|s| s.1.clone()).unwrap_or_default()
+    }
+
+    /// The newest Summary and the number of its reading.
+    pub fn sample(&self) -> (u64, Arc<Summary>) {
+        (*self.sampled.borrow(), self.summary())
+    }
+
+    /// Ticks with the number of each new reading.
+    pub fn samples(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.sampled.subscribe()
     }
 
     /// Reads every [`PERIOD`] until `shutdown`.
@@ -388,6 +427,7 @@ impl Stats {
                         let summary = summarize(&self.node_name, state.0.as_ref(), &now);
                         *state = (Some(now), Arc::new(summary));
                     }
+                    self.sampled.send_modify(|n| *n += 1);
                 }
                 Err(e) => tracing::debug!("node stats: {e}"),
             }
@@ -444,6 +484,7 @@ impl Stats {
                         .and_then(|s| s.cpu.as_ref())
                         .and_then(|u| Some((u.timestamp, u.usage_core_nano_seconds?.value))),
                     memory: s.and_then(|s| s.memory),
+                    writable_layer: s.and_then(|s| s.writable_layer.clone()),
                 })
             })
             .collect();
@@ -482,6 +523,7 @@ mod tests {
                 working_set_bytes: Some(cri::UInt64Value { value: memory }),
                 ..Default::default()
             }),
+            writable_layer: None,
         }
     }
 

@@ -101,6 +101,9 @@ pub struct Inputs<'a> {
     pub runtime_name: &'a str,
     /// Set when the pod was stopped for good (deleted, deadline, finished): the phase is terminal.
     pub terminal: Option<(&'a str, &'a str)>,
+    /// Set when the node evicted the pod: the message of its `DisruptionTarget` condition (reason
+    /// `TerminationByKubelet`); the phase is `Failed`.
+    pub evicted: Option<&'a str>,
 }
 
 /// A CRI time (nanoseconds) as an API time, truncated to the second as Kubernetes serializes it.
@@ -357,7 +360,7 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
         })
         .collect();
     let terminal = inputs.terminal.is_some();
-    let phase = phase(pod, &init, &app, initialized, terminal);
+    let phase = if inputs.evicted.is_some() { "Failed" } else { phase(pod, &init, &app, initialized, terminal) };
 
     let incomplete: Vec<&str> =
         init_specs.iter().enumerate().filter(|(i, c)| !done(*i, c)).map(|(_, c)| c.name.as_str()).collect();
@@ -425,6 +428,19 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
     let ours = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"];
     let mut all: Vec<PodCondition> =
         old_conditions.iter().filter(|c| !ours.contains(&c.type_.as_str())).cloned().collect();
+    if let Some(message) = inputs.evicted
+        && !all.iter().any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+    {
+        all.retain(|c| c.type_ != "DisruptionTarget");
+        all.push(PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("TerminationByKubelet".into()),
+            message: Some(message.to_string()),
+            last_transition_time: Some(now.clone()),
+            ..Default::default()
+        });
+    }
     all.extend(conditions);
 
     let (reason, message) = match inputs.terminal {
@@ -507,6 +523,7 @@ mod tests {
             sandbox_ready: rt.ready_sandbox().is_some(),
             runtime_name: "containerd",
             terminal: None,
+            evicted: None,
         };
         generate(p, rt, &inputs)
     }
@@ -534,6 +551,33 @@ mod tests {
         p.status = Some(s.clone());
         let again = generate_with(&p, &rt, &HashMap::new());
         assert_eq!(serde_json::to_value(&again).unwrap(), serde_json::to_value(&s).unwrap());
+    }
+
+    #[test]
+    fn an_evicted_pod_fails_with_the_reason_and_a_disruption_condition_even_when_its_container_exited_0() {
+        let p = pod(serde_json::json!({"containers": [{"name": "c", "image": "busybox"}]}));
+        let rt = RuntimePod {
+            sandboxes: vec![],
+            containers: vec![container("c", "id1", 0, cri::ContainerState::ContainerExited, 0)],
+        };
+        let (probes, waiting) = (HashMap::new(), HashMap::new());
+        let message = "The node was low on resource: memory. ";
+        let inputs = Inputs {
+            waiting: &waiting,
+            probes: &probes,
+            pod_ips: &[],
+            host_ip: None,
+            sandbox_ready: false,
+            runtime_name: "containerd",
+            terminal: Some(("Evicted", message)),
+            evicted: Some(message),
+        };
+        let s = generate(&p, &rt, &inputs);
+        assert_eq!((s.phase.as_deref(), s.reason.as_deref()), (Some("Failed"), Some("Evicted")));
+        assert_eq!(s.message.as_deref(), Some(message));
+        let disruption = cond(&s, "DisruptionTarget");
+        assert_eq!((disruption.status.as_str(), disruption.reason.as_deref()), ("True", Some("TerminationByKubelet")));
+        assert_eq!(disruption.message.as_deref(), Some(message));
     }
 
     #[test]

@@ -315,6 +315,7 @@ mod tests {
                 working_set_bytes: Some(4096),
                 rss_bytes: None,
             }),
+            rootfs: None,
         };
         let pod =
             PodStats { containers: vec![container("a", Some(5_000_000)), container("b", None)], ..Default::default() };

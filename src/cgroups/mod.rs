@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use tracing::{debug, info, warn};
 
 use resources::{MIN_SHARES, hugepage_size_name, milli_cpu_to_shares, pod_cpu_request, shares_to_weight};
-pub use resources::{PodResources, QosClass, container_resources, pod_resources, qos_class};
+pub use resources::{PodResources, QosClass, container_resources, is_critical_pod, pod_resources, qos_class};
 
 /// The node-allocatable cgroup below `--cgroup-root` that holds every pod.
 const KUBEPODS: &str = "kubepods";

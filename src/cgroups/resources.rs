@@ -224,16 +224,19 @@ pub fn hugepage_size_name(mut bytes: u64) -> String {
     format!("{bytes}{}", UNITS[unit])
 }
 
-/// `IsNodeCriticalPod`: a critical pod (static, mirror or of system-critical priority) of the
-/// `system-node-critical` priority class.
-fn is_node_critical_pod(pod: &Pod) -> bool {
+/// kubelet's `IsCriticalPod`: a static pod, a mirror pod, or a pod of system-critical priority.
+pub fn is_critical_pod(pod: &Pod) -> bool {
     let annotations = pod.metadata.annotations.as_ref();
     let is_static = annotations.and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION)).is_some_and(|s| s != API_SERVER_SOURCE);
     let is_mirror = annotations.is_some_and(|a| a.contains_key(CONFIG_MIRROR_ANNOTATION));
-    let spec = pod.spec.as_ref();
-    let critical_priority = spec.and_then(|s| s.priority).is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
-    (is_static || is_mirror || critical_priority)
-        && spec.and_then(|s| s.priority_class_name.as_deref()) == Some(SYSTEM_NODE_CRITICAL)
+    let critical_priority = pod.spec.as_ref().and_then(|s| s.priority).is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
+    is_static || is_mirror || critical_priority
+}
+
+/// `IsNodeCriticalPod`: a critical pod of the `system-node-critical` priority class.
+fn is_node_critical_pod(pod: &Pod) -> bool {
+    is_critical_pod(pod)
+        && pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()) == Some(SYSTEM_NODE_CRITICAL)
 }
 
 fn is_sidecar(c: &Container) -> bool {

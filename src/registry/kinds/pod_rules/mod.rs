@@ -161,7 +161,7 @@ use image::*;
 use qos::*;
 pub use qos::{QosClass, qos_class};
 use quantity::*;
-pub use quantity::{canonical_quantity, parse_quantity};
+pub use quantity::{binary_quantity, canonical_quantity, parse_quantity};
 pub use refs::Referenced;
 pub use validate_containers::ephemeral_as_container;
 use validate_containers::*;

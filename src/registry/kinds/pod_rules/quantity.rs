@@ -139,6 +139,11 @@ pub fn canonical_quantity(s: &str) -> Option<String> {
     parse_quantity_full(s).ok().map(|(milli, format)| format_quantity(milli, format))
 }
 
+/// A count of bytes as the API writes a BinarySI quantity (`100Mi`, `204800Ki`, `1500k`).
+pub fn binary_quantity(bytes: i128) -> String {
+    format_quantity(bytes.saturating_mul(1000), QuantityFormat::BinarySI)
+}
+
 pub(super) fn format_quantity(milli: i128, format: QuantityFormat) -> String {
     if milli == 0 {
         return "0".to_string();

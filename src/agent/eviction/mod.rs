@@ -1,0 +1,370 @@
+//! Node-pressure eviction, as kubelet's eviction manager (`pkg/kubelet/eviction`). With each new
+//! stats sample (every 10 s) the signals are observed and held against the thresholds: a met
+//! threshold sets the node condition it drives (MemoryPressure, DiskPressure, PIDPressure; held
+//! for `--eviction-pressure-transition-period` after the last sighting), and once its grace period
+//! has passed the node reclaims what it can itself (unused images, for the disk signals) and, if
+//! that is not enough, evicts one pod, ranked as kubelet ranks them, and waits for it to stop.
+//! The evicted pod ends `Failed` with reason `Evicted` and a `DisruptionTarget` condition; critical
+//! pods are never evicted. While a condition holds, admission turns pods away as kubelet does.
+
+pub mod observe;
+pub mod rank;
+pub mod thresholds;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Taint};
+use tokio_util::sync::CancellationToken;
+
+use crate::events::{EventType, ObjectRef, Recorder};
+use crate::registry::kinds::pod_rules::binary_quantity;
+pub use thresholds::{Condition, Signal, Threshold};
+
+/// kubelet's `Reason` of an evicted pod and of a pod turned away under pressure.
+pub const REASON: &str = "Evicted";
+/// How long an evicted pod is waited for before the next round (kubelet's `podCleanupTimeout`).
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+const CLEANUP_POLL: Duration = Duration::from_secs(1);
+/// The grace period of a pod evicted for a hard threshold (`immediateEvictionGracePeriodSeconds`).
+const IMMEDIATE_GRACE: i64 = 1;
+
+/// The eviction flags.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub thresholds: Vec<Threshold>,
+    /// `--eviction-pressure-transition-period` (5m): how long a condition stays after its last sighting.
+    pub pressure_transition: Duration,
+    /// `--eviction-max-pod-grace-period`: the most grace a pod evicted for a soft threshold gets.
+    pub max_pod_grace: i64,
+}
+
+/// Each signal's (available, capacity) now, and when it was measured.
+pub type Observations = BTreeMap<Signal, Observed>;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observed {
+    pub available: i128,
+    pub capacity: i128,
+    /// The stats reading it comes from (a threshold acts once per reading).
+    pub sample: u64,
+}
+
+/// The pressure conditions the node has now: reported by the heartbeat, asked by admission.
+pub struct Pressure {
+    now: Mutex<BTreeSet<Condition>>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Pressure {
+    fn default() -> Self {
+        Pressure { now: Mutex::default(), changed: tokio::sync::watch::Sender::new(0) }
+    }
+}
+
+impl Pressure {
+    pub fn conditions(&self) -> BTreeSet<Condition> {
+        self.now.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Ticks at every change of the conditions.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Sets the conditions; returns those that appeared and those that went.
+    fn set(&self, conditions: BTreeSet<Condition>) -> (Vec<Condition>, Vec<Condition>) {
+        let mut now = self.now.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let appeared = conditions.difference(&now).copied().collect();
+        let went: Vec<Condition> = now.difference(&conditions).copied().collect();
+        let changed = *now != conditions;
+        *now = conditions;
+        drop(now);
+        if changed {
+            self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        (appeared, went)
+    }
+
+    /// kubelet's eviction admission: under memory pressure alone only BestEffort pods that do not
+    /// tolerate it are turned away; under any other pressure every pod is; critical pods never.
+    /// The rejection's reason and message.
+    pub fn admit(&self, pod: &Pod) -> Option<(String, String)> {
+        let conditions = self.conditions();
+        if conditions.is_empty() || crate::cgroups::is_critical_pod(pod) {
+            return None;
+        }
+        if conditions.len() == 1 && conditions.contains(&Condition::Memory) {
+            let best_effort = crate::cgroups::qos_class(pod) == crate::cgroups::QosClass::BestEffort;
+            let taint = Taint {
+                key: "node.kubernetes.io/memory-pressure".into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            };
+            let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
+            if !best_effort || crate::scheduling::tolerates(tolerations, &taint) {
+                return None;
+            }
+        }
+        let names: Vec<&str> = conditions.iter().map(|c| c.name()).collect();
+        Some((REASON.into(), format!("The node had condition: [{}]. ", names.join(" "))))
+    }
+}
+
+/// What the eviction manager needs of the node's pods.
+pub trait Pods: Send + Sync {
+    /// The pods that hold node resources now.
+    fn active(&self) -> Vec<Pod>;
+    /// Stops the pod for good within `grace` seconds: `Failed`, reason `Evicted`, `message`.
+    fn evict(&self, pod: &Pod, grace: i64, message: String);
+    /// Whether everything of the pod has stopped (or it is gone).
+    fn stopped(&self, uid: &str) -> bool;
+}
+
+/// Where the signals come from, and what the node can reclaim itself.
+pub trait Node: Send + Sync {
+    /// The signals now, and each pod's use (by UID) as the newest stats reading has it.
+    fn observe(&self) -> impl Future<Output = (Observations, HashMap<String, rank::Usage>)> + Send;
+    /// Removes every unused image (kubelet's `DeleteUnusedImages`). Returns the bytes freed.
+    fn delete_unused_images(&self) -> impl Future<Output = anyhow::Result<u64>> + Send;
+}
+
+/// The eviction manager's memory between rounds.
+#[derive(Default)]
+struct State {
+    /// Thresholds met last round past their grace period (held until their minimum reclaim).
+    met: Vec<Threshold>,
+    first_observed: HashMap<(Signal, bool), Instant>,
+    last_observed: BTreeMap<Condition, Instant>,
+    /// The reading each signal was last acted on at: a threshold acts once per reading.
+    acted_on: BTreeMap<Signal, u64>,
+}
+
+/// The thresholds `observations` meet; with `reclaim`, a threshold is met until its minimum
+/// reclaim is available too.
+fn met(thresholds: &[Threshold], observations: &Observations, reclaim: bool) -> Vec<Threshold> {
+    thresholds
+        .iter()
+        .filter(|t| {
+            observations.get(&t.signal).is_some_and(|o| o.capacity > 0 && o.available < t.floor(o.capacity, reclaim))
+        })
+        .cloned()
+        .collect()
+}
+
+/// What one round decided.
+#[derive(Debug, Default, PartialEq)]
+struct Round {
+    conditions: BTreeSet<Condition>,
+    /// The thresholds to act on now, most urgent first (memory first, as kubelet's
+    /// `byEvictionPriority`).
+    act: Vec<Threshold>,
+}
+
+impl State {
+    /// kubelet's `synchronize` up to the choice of what to reclaim.
+    fn round(&mut self, config: &Config, observations: &Observations, now: Instant) -> Round {
+        let mut thresholds = met(&config.thresholds, observations, false);
+        for t in met(&self.met, observations, true) {
+            if !thresholds.contains(&t) {
+                thresholds.push(t);
+            }
+        }
+        let key = |t: &Threshold| (t.signal, t.hard);
+        self.first_observed.retain(|k, _| thresholds.iter().any(|t| key(t) == *k));
+        for t in &thresholds {
+            self.first_observed.entry(key(t)).or_insert(now);
+        }
+        for t in &thresholds {
+            self.last_observed.insert(t.signal.condition(), now);
+        }
+        self.last_observed.retain(|_, at| now.saturating_duration_since(*at) < config.pressure_transition);
+        let conditions = self.last_observed.keys().copied().collect();
+        let due: Vec<Threshold> = thresholds
+            .into_iter()
+            .filter(|t| {
+                self.first_observed.get(&key(t)).is_some_and(|at| now.saturating_duration_since(*at) >= t.grace)
+            })
+            .collect();
+        self.met = due.clone();
+        let mut act: Vec<Threshold> = due
+            .into_iter()
+            .filter(|t| {
+                let sample = observations.get(&t.signal).map(|o| o.sample);
+                sample.is_some() && self.acted_on.get(&t.signal).copied() != sample
+            })
+            .collect();
+        act.sort_by_key(|t| t.signal.condition() != Condition::Memory);
+        Round { conditions, act }
+    }
+
+    fn acted(&mut self, signal: Signal, observations: &Observations) {
+        if let Some(o) = observations.get(&signal) {
+            self.acted_on.insert(signal, o.sample);
+        }
+    }
+}
+
+/// kubelet's `evictionMessage`: the resource, the threshold and what was available, and each
+/// container using more of it than it asked for.
+fn message(threshold: &Threshold, observed: Option<&Observed>, pod: &Pod, usage: Option<&rank::Usage>) -> String {
+    let resource = threshold.signal.resource();
+    let mut message = format!("The node was low on resource: {resource}. ");
+    if let Some(o) = observed {
+        let quantity = binary_quantity(threshold.value.of(o.capacity));
+        message += &format!("Threshold quantity: {quantity}, available: {}. ", binary_quantity(o.available));
+    }
+    let (Some(usage), Some(spec)) = (usage, pod.spec.as_ref()) else { return message };
+    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    for c in containers {
+        let Some((_, memory, disk)) = usage.containers.iter().find(|(name, ..)| *name == c.name) else { continue };
+        let used = match resource {
+            "memory" => *memory,
+            "ephemeral-storage" => *disk,
+            _ => continue,
+        };
+        let request = c.resources.as_ref().and_then(|r| r.requests.as_ref()).and_then(|r| r.get(resource));
+        let requested =
+            request.and_then(|q| crate::registry::kinds::pod_rules::parse_quantity(&q.0)).unwrap_or(0) / 1000;
+        if i128::from(used) > requested {
+            message += &format!(
+                "Container {} was using {}, request is {}, has larger consumption of {resource}. ",
+                c.name,
+                binary_quantity(i128::from(used)),
+                request.map_or("0", |q| q.0.as_str())
+            );
+        }
+    }
+    message
+}
+
+/// The eviction manager.
+pub struct Manager {
+    pub config: Config,
+    pub pressure: Arc<Pressure>,
+    pub recorder: Recorder,
+    pub node: ObjectRef,
+}
+
+impl Manager {
+    /// Runs a round after each `sampled` tick, until `shutdown`.
+    pub async fn run(
+        self,
+        node: impl Node,
+        pods: Arc<dyn Pods>,
+        mut sampled: tokio::sync::watch::Receiver<u64>,
+        shutdown: CancellationToken,
+    ) {
+        if self.config.thresholds.is_empty() {
+            return;
+        }
+        let mut state = State::default();
+        loop {
+            tokio::select! {
+                changed = sampled.changed() => if changed.is_err() { return },
+                _ = shutdown.cancelled() => return,
+            }
+            if let Some(uid) = self.round(&mut state, &node, pods.as_ref()).await {
+                let deadline = Instant::now() + CLEANUP_TIMEOUT;
+                while !pods.stopped(&uid) && Instant::now() < deadline {
+                    tokio::select! {
+                        _ = tokio::time::sleep(CLEANUP_POLL) => {}
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+                // The next round acts on a reading taken after the pod stopped.
+                sampled.borrow_and_update();
+            }
+        }
+    }
+
+    /// One round. Returns the UID of the pod evicted, if one was.
+    async fn round(&self, state: &mut State, node: &impl Node, pods: &dyn Pods) -> Option<String> {
+        let (observations, usage) = node.observe().await;
+        let round = state.round(&self.config, &observations, Instant::now());
+        let (appeared, went) = self.pressure.set(round.conditions);
+        for c in appeared {
+            tracing::warn!("node agent: the node now has {}", c.name());
+            self.node_event(EventType::Normal, transition(c, true));
+        }
+        for c in went {
+            tracing::info!("node agent: the node no longer has {}", c.name());
+            self.node_event(EventType::Normal, transition(c, false));
+        }
+        let threshold = round.act.first()?.clone();
+        state.acted(threshold.signal, &observations);
+        let resource = threshold.signal.resource();
+        tracing::info!("eviction manager: attempting to reclaim {resource}");
+        let reclaiming = format!("Attempting to reclaim {resource}");
+        self.recorder.record(self.node.clone(), EventType::Warning, "EvictionThresholdMet", "", reclaiming);
+        if threshold.signal.condition() == Condition::Disk {
+            match node.delete_unused_images().await {
+                Ok(freed) => tracing::info!("eviction manager: removed unused images, {freed} bytes"),
+                Err(e) => tracing::info!("eviction manager: removing unused images: {e:#}"),
+            }
+            let (after, _) = node.observe().await;
+            if met(&self.config.thresholds, &after, true).is_empty() {
+                tracing::info!("eviction manager: able to reduce {resource} pressure without evicting pods");
+                return None;
+            }
+        }
+        let mut candidates: Vec<rank::Candidate> = pods
+            .active()
+            .into_iter()
+            .map(|pod| {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                rank::Candidate { usage: usage.get(&uid).cloned(), pod }
+            })
+            .collect();
+        if candidates.is_empty() {
+            tracing::warn!("eviction manager: eviction thresholds have been met, but no pods are active to evict");
+            return None;
+        }
+        rank::rank(&mut candidates, threshold.signal);
+        for c in candidates {
+            let name = crate::agent::spec::full_name(&c.pod);
+            if crate::cgroups::is_critical_pod(&c.pod) {
+                tracing::warn!("eviction manager: cannot evict a critical pod {name}");
+                continue;
+            }
+            let grace = if threshold.hard { IMMEDIATE_GRACE } else { self.soft_grace(&c.pod) };
+            let message = message(&threshold, observations.get(&threshold.signal), &c.pod, c.usage.as_ref());
+            tracing::warn!("eviction manager: evicting pod {name}: {message}");
+            pods.evict(&c.pod, grace, message);
+            return c.pod.metadata.uid.clone();
+        }
+        tracing::warn!("eviction manager: unable to evict any pods from the node");
+        None
+    }
+
+    /// The grace period of a pod evicted for a soft threshold: the smaller of
+    /// `--eviction-max-pod-grace-period` and the pod's own, the pod's own where that comes to 0
+    /// (the default), at least 1 s (kubelet's `calculateEffectiveGracePeriod`).
+    fn soft_grace(&self, pod: &Pod) -> i64 {
+        let own = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds);
+        let grace = own.map_or(self.config.max_pod_grace, |g| g.min(self.config.max_pod_grace));
+        let grace = if grace == 0 { own.unwrap_or(30) } else { grace };
+        grace.max(1)
+    }
+
+    fn node_event(&self, kind: EventType, reason: &str) {
+        let message = format!("Node {} status is now: {reason}", self.node.name);
+        self.recorder.record(self.node.clone(), kind, reason, "", message);
+    }
+}
+
+/// The Node event of a condition's change (kubelet's status setters).
+fn transition(c: Condition, now: bool) -> &'static str {
+    match (c, now) {
+        (Condition::Memory, true) => "NodeHasInsufficientMemory",
+        (Condition::Memory, false) => "NodeHasSufficientMemory",
+        (Condition::Disk, true) => "NodeHasDiskPressure",
+        (Condition::Disk, false) => "NodeHasNoDiskPressure",
+        (Condition::Pid, true) => "NodeHasInsufficientPID",
+        (Condition::Pid, false) => "NodeHasSufficientPID",
+    }
+}
+
+#[cfg(test)]
+mod tests;

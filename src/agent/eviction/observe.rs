@@ -1,0 +1,111 @@
+//! The signals as this node measures them (kubelet's `makeSignalObservations`): memory from the
+//! newest stats reading (the node's working set against its memory; the pods' working set against
+//! node allocatable's memory, for `allocatableMemory.available`), the node and image filesystems
+//! from statfs, and PIDs from the kernel's limits and `/proc/loadavg`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::rank::Usage;
+use super::{Observations, Observed, Signal};
+use crate::agent::image_gc::{self, ImageGc};
+use crate::agent::stats::{Stats, Summary};
+use crate::runtime::cri::Cri;
+
+/// The node's sources of the signals.
+pub struct Sources {
+    pub stats: Arc<Stats>,
+    pub cri: Cri,
+    /// Where pods' directories and logs are (kubelet's root directory: the nodefs).
+    pub nodefs: PathBuf,
+    /// Memory less `--system-reserved` and `--kube-reserved`: the pods' share (kubelet's
+    /// `kubepods` cgroup limit).
+    pub pods_memory: i128,
+    pub image_gc: Arc<ImageGc>,
+}
+
+/// Space and inodes of the filesystem holding `path`: ((available, capacity) bytes,
+/// (free, total) inodes).
+fn statfs(path: &std::path::Path) -> Option<((i128, i128), (i128, i128))> {
+    let s = nix::sys::statvfs::statvfs(path).ok()?;
+    let block = i128::from(s.fragment_size());
+    let bytes = (i128::from(s.blocks_available()) * block, i128::from(s.blocks()) * block);
+    Some((bytes, (i128::from(s.files_free()), i128::from(s.files()))))
+}
+
+/// PIDs: (available, the most there may be): the smaller of `pid_max` and `threads-max`, less
+/// the tasks `/proc/loadavg` counts.
+fn pids() -> Option<(i128, i128)> {
+    let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<i128>().ok();
+    let max = read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?);
+    let loadavg = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let running: i128 = loadavg.split_whitespace().nth(3)?.split_once('/')?.1.parse().ok()?;
+    Some((max - running, max))
+}
+
+/// Each pod's use, by UID.
+pub fn usage(summary: &Summary) -> HashMap<String, Usage> {
+    summary
+        .pods
+        .iter()
+        .map(|p| {
+            let rootfs = |f: fn(&crate::agent::stats::FsStats) -> Option<u64>| {
+                p.containers.iter().filter_map(|c| c.rootfs.as_ref().and_then(f)).sum::<u64>()
+            };
+            let usage = Usage {
+                memory: p.memory.as_ref().and_then(|m| m.working_set_bytes).unwrap_or(0),
+                disk: rootfs(|f| f.used_bytes),
+                inodes: rootfs(|f| f.inodes_used),
+                processes: 0,
+                containers: p
+                    .containers
+                    .iter()
+                    .map(|c| {
+                        let memory = c.memory.as_ref().and_then(|m| m.working_set_bytes).unwrap_or(0);
+                        let disk = c.rootfs.as_ref().and_then(|f| f.used_bytes).unwrap_or(0);
+                        (c.name.clone(), memory, disk)
+                    })
+                    .collect(),
+            };
+            (p.pod_ref.uid.clone(), usage)
+        })
+        .collect()
+}
+
+/// The memory signals of a reading.
+pub fn memory(summary: &Summary, pods_memory: i128, sample: u64, out: &mut Observations) {
+    let Some(node) = summary.node.memory.as_ref() else { return };
+    if let (Some(available), Some(working_set)) = (node.available_bytes, node.working_set_bytes) {
+        let (available, working_set) = (i128::from(available), i128::from(working_set));
+        out.insert(Signal::MemoryAvailable, Observed { available, capacity: available + working_set, sample });
+    }
+    let pods: i128 = summary.pods.iter().filter_map(|p| p.memory.as_ref()?.working_set_bytes).map(i128::from).sum();
+    let available = (pods_memory - pods).max(0);
+    out.insert(Signal::AllocatableMemoryAvailable, Observed { available, capacity: pods_memory, sample });
+}
+
+impl super::Node for Sources {
+    async fn observe(&self) -> (Observations, HashMap<String, Usage>) {
+        let (sample, summary) = self.stats.sample();
+        let mut out = Observations::new();
+        memory(&summary, self.pods_memory, sample, &mut out);
+        let mut fs = |bytes: Signal, inodes: Signal, stat: Option<((i128, i128), (i128, i128))>| {
+            if let Some(((available, capacity), (free, total))) = stat {
+                out.insert(bytes, Observed { available, capacity, sample });
+                out.insert(inodes, Observed { available: free, capacity: total, sample });
+            }
+        };
+        fs(Signal::NodefsAvailable, Signal::NodefsInodesFree, statfs(&self.nodefs));
+        let imagefs = image_gc::image_fs_mount(&self.cri).await.ok();
+        fs(Signal::ImagefsAvailable, Signal::ImagefsInodesFree, imagefs.and_then(|m| statfs(m.as_ref())));
+        if let Some((available, capacity)) = pids() {
+            out.insert(Signal::PidAvailable, Observed { available, capacity, sample });
+        }
+        (out, usage(&summary))
+    }
+
+    async fn delete_unused_images(&self) -> anyhow::Result<u64> {
+        self.image_gc.delete_unused().await
+    }
+}
