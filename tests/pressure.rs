@@ -268,6 +268,8 @@ spec:
     // (the scheduler would keep it off the tainted node) is turned away meanwhile.
     let pressure = r#"{.items[0].status.conditions[?(@.type=="MemoryPressure")].status}"#;
     assert_eq!(get(&node, "nodes", pressure), "True");
+    let taints = || get(&node, "nodes", "{.items[0].spec.taints[*].key}");
+    eventually(30, || taints().contains("node.kubernetes.io/memory-pressure").then_some(()));
     node.ok_stdin(
         &["apply", "-f", "-"],
         &format!(
@@ -282,5 +284,6 @@ spec:
     );
     // The pressure is gone: after the transition period the condition is False again.
     eventually(90, || (get(&node, "nodes", pressure) == "False").then_some(()));
+    eventually(30, || (!taints().contains("node.kubernetes.io/memory-pressure")).then_some(()));
     assert!(!events(&node, "involvedObject.kind=Node,reason=NodeHasSufficientMemory").is_empty());
 }
