@@ -287,3 +287,59 @@ spec:
     eventually(30, || (!taints().contains("node.kubernetes.io/memory-pressure")).then_some(()));
     assert!(!events(&node, "involvedObject.kind=Node,reason=NodeHasSufficientMemory").is_empty());
 }
+
+/// The pod's containers in containerd, by name: (exited, all).
+fn containers_by_name(socket: &Path, pod: &str) -> std::collections::BTreeMap<String, (usize, usize)> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let labels = [("io.kubernetes.pod.name".to_string(), pod.to_string())].into();
+        let filter = cri::ContainerFilter { label_selector: labels, ..Default::default() };
+        let listed = cri::Cri::new(socket).list_containers(cri::ListContainersRequest { filter: Some(filter) }).await;
+        let mut out = std::collections::BTreeMap::new();
+        for c in listed.unwrap().containers {
+            let name = c.labels.get("io.kubernetes.container.name").cloned().unwrap_or_default();
+            let entry: &mut (usize, usize) = out.entry(name).or_default();
+            entry.0 += usize::from(c.state == cri::ContainerState::ContainerExited as i32);
+            entry.1 += 1;
+        }
+        out
+    })
+}
+
+#[test]
+fn crash_looping_containers_leave_one_dead_instance_each() {
+    const CONTAINERS: usize = 50;
+    let node = Node::start("10.66.0.0/16");
+    eventually(60, || node_ready(&node));
+    let containers: String = (0..CONTAINERS)
+        .map(|i| {
+            format!(
+                "  - {{name: c{i}, image: {BUSYBOX}, imagePullPolicy: Never, command: [sh, -c, 'echo run; exit 1']}}\n"
+            )
+        })
+        .collect();
+    node.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: crashy}}\nspec:\n  containers:\n{containers}"),
+    );
+    let socket = node.dir.path().join("data/agent/containerd/containerd.sock");
+    // Every container has run at least three times (two restarts, 10 s and 20 s of back-off), and
+    // of the instances before the newest only the last dead one is left (kubelet's
+    // `MaxPerPodContainer` of 1), with its log.
+    let restarts = || get(&node, "pod/crashy", "{.status.containerStatuses[*].restartCount}");
+    eventually(240, || {
+        let counts: Vec<u32> = restarts().split_whitespace().filter_map(|r| r.parse().ok()).collect();
+        (counts.len() == CONTAINERS && counts.iter().all(|r| *r >= 2)).then_some(())
+    });
+    let by_name = eventually(60, || {
+        let by_name = containers_by_name(&socket, "crashy");
+        (by_name.len() == CONTAINERS && by_name.values().all(|(exited, all)| *exited <= 1 && *all <= 2))
+            .then_some(by_name)
+    });
+    assert!(by_name.values().all(|(exited, _)| *exited == 1), "{by_name:?}");
+    assert_eq!(node.ok(&["logs", "crashy", "-c", "c7", "--previous"]).trim(), "run");
+    let uid = get(&node, "pod/crashy", "{.metadata.uid}");
+    let logs = node.dir.path().join(format!("data/agent/logs/pods/default_crashy_{uid}/c7"));
+    let files = std::fs::read_dir(&logs).unwrap().count();
+    assert!((1..=2).contains(&files), "{files} log files in {}", logs.display());
+}

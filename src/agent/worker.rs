@@ -57,8 +57,12 @@ const VOLUME_RETRY: Duration = Duration::from_millis(100);
 const RESYNC: Duration = Duration::from_secs(60);
 /// The shortest time a container is given to stop (kubelet's `minimumGracePeriodInSeconds`).
 const MIN_GRACE: i64 = 2;
-/// Exited containers kept per container name (for `kubectl logs --previous` and lastState).
+/// The instances of each container whose status is read: the current one and the one before
+/// (its `lastState`).
 const KEEP_EXITED: usize = 2;
+/// Exited containers kept per container name, for `kubectl logs --previous` and `lastState`
+/// (kubelet's container GC `MaxPerPodContainer`, `--maximum-dead-containers-per-container`).
+const MAX_DEAD_PER_CONTAINER: usize = 1;
 /// The most of a termination message file that is read (kubelet's limit).
 const MAX_TERMINATION_MESSAGE: u64 = 4096;
 
@@ -963,15 +967,16 @@ impl Worker {
     }
 
     /// Container GC of a live pod (kubelet's `evictContainers` and `evictSandboxes`): exited
-    /// containers beyond the newest `KEEP_EXITED` of each name go, with their logs; then sandboxes
-    /// older than the newest that are no longer ready and hold no container.
+    /// containers beyond the newest `MAX_DEAD_PER_CONTAINER` of each name go, with their logs (a
+    /// running container is never touched); then sandboxes older than the newest that are no longer
+    /// ready and hold no container.
     async fn remove_old_containers(&mut self, pod: &Pod, rt: &RuntimePod) {
-        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut dead: HashMap<&str, usize> = HashMap::new();
         let mut removed = HashSet::new();
-        for c in &rt.containers {
-            let n = seen.entry(c.name.as_str()).or_default();
+        for c in rt.containers.iter().filter(|c| c.exited()) {
+            let n = dead.entry(c.name.as_str()).or_default();
             *n += 1;
-            if *n <= KEEP_EXITED || !c.exited() {
+            if *n <= MAX_DEAD_PER_CONTAINER {
                 continue;
             }
             match self.ctx.runtime.remove_container(cri::RemoveContainerRequest { container_id: c.id.clone() }).await {
