@@ -3,7 +3,9 @@
 //! preempts it: the victim is stopped gracefully and the preemptor runs in its place. An image
 //! filesystem (a small tmpfs under containerd's root) filled past the image GC threshold loses its
 //! unused image and keeps the one a pod uses. A pod holding memory past a test-lowered
-//! `--eviction-hard memory.available` threshold is evicted while a Guaranteed pod runs on.
+//! `--eviction-hard memory.available` threshold is evicted while a Guaranteed pod runs on; pods
+//! over their ephemeral-storage limit or an emptyDir's size limit are evicted; 50 crash-looping
+//! containers leave one dead instance each.
 //!
 //! Needs root, containerd, runc and busybox-static (`.ci/run` installs them).
 
@@ -342,4 +344,53 @@ fn crash_looping_containers_leave_one_dead_instance_each() {
     let logs = node.dir.path().join(format!("data/agent/logs/pods/default_crashy_{uid}/c7"));
     let files = std::fs::read_dir(&logs).unwrap().count();
     assert!((1..=2).contains(&files), "{files} log files in {}", logs.display());
+}
+
+#[test]
+fn pods_over_their_local_storage_limits_are_evicted() {
+    let node = Node::start("10.67.0.0/16");
+    eventually(60, || node_ready(&node));
+    let pod = |name: &str, limit: &str, volumes: &str, write: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "{write}; sleep 3600"]
+    resources: {{limits: {{ephemeral-storage: {limit}}}}}
+{volumes}"#
+        )
+    };
+    let scratch = "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n  volumes:\n  - name: scratch\n    emptyDir: {sizeLimit: 5Mi}\n";
+    let pods = [
+        pod("filler", "10Mi", "", "dd if=/dev/zero of=/big bs=1048576 count=20"),
+        pod("scratchy", "100Mi", scratch, "dd if=/dev/zero of=/scratch/big bs=1048576 count=8"),
+        pod("calm", "10Mi", scratch, "dd if=/dev/zero of=/scratch/small bs=1048576 count=1"),
+    ];
+    node.ok_stdin(&["apply", "-f", "-"], &pods.join("---\n"));
+    let failed = |name: &str| {
+        eventually(120, || (get(&node, &format!("pod/{name}"), "{.status.phase}") == "Failed").then_some(()))
+    };
+    failed("scratchy");
+    assert_eq!(get(&node, "pod/scratchy", "{.status.reason}"), "Evicted");
+    assert_eq!(
+        get(&node, "pod/scratchy", "{.status.message}"),
+        r#"Usage of EmptyDir volume "scratch" exceeds the limit "5Mi". "#
+    );
+    // The writable layer's use is what containerd last measured (every 10 s).
+    failed("filler");
+    assert_eq!(get(&node, "pod/filler", "{.status.reason}"), "Evicted");
+    // One container: the pod's total limit is its limit, and the pod's total is checked first.
+    assert_eq!(
+        get(&node, "pod/filler", "{.status.message}"),
+        "Pod ephemeral local storage usage exceeds the total limit of containers 10Mi. "
+    );
+    // Limits are not node pressure: no DisruptionTarget condition, as kubelet.
+    assert_eq!(get(&node, "pod/filler", r#"{.status.conditions[?(@.type=="DisruptionTarget")].type}"#), "");
+    assert_eq!(get(&node, "pod/calm", "{.status.phase}"), "Running");
 }

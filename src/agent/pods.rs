@@ -28,7 +28,7 @@ use super::runtime::{ContainerRuntime, RuntimeExec};
 use super::spec;
 use super::static_pods;
 use super::status::keys;
-use super::worker::{Eviction, Latest, Update, Worker};
+use super::worker::{EvictionRequest, Latest, Update, Worker};
 use crate::cgroups;
 use crate::events::EventType;
 use crate::runtime::cri::{self, Cri};
@@ -66,7 +66,7 @@ struct Handle {
     info: Arc<PodInfo>,
     stopped: Arc<AtomicBool>,
     latest: Latest,
-    eviction: Eviction,
+    eviction: EvictionRequest,
 }
 
 impl Handle {
@@ -206,12 +206,12 @@ impl super::eviction::Pods for Pods {
         Pods::active(self)
     }
 
-    /// kubelet's `killPodNow` for an eviction: the pod's worker stops it within `grace` seconds
+    /// kubelet's `killPodNow` for an eviction: the pod's worker stops it within its grace period
     /// and fails it with reason `Evicted`; the event says why.
-    fn evict(&self, pod: &Pod, grace: i64, message: String) {
-        self.ctx.event(pod, EventType::Warning, super::eviction::REASON, message.clone());
+    fn evict(&self, pod: &Pod, eviction: super::eviction::Eviction) {
+        self.ctx.event(pod, EventType::Warning, super::eviction::REASON, eviction.message.clone());
         if let Some(h) = self.workers().get(spec::uid(pod)) {
-            *h.eviction.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((grace, message));
+            *h.eviction.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(eviction);
             h.wake.notify_one();
         }
     }

@@ -101,9 +101,9 @@ pub struct Inputs<'a> {
     pub runtime_name: &'a str,
     /// Set when the pod was stopped for good (deleted, deadline, finished): the phase is terminal.
     pub terminal: Option<(&'a str, &'a str)>,
-    /// Set when the node evicted the pod: the message of its `DisruptionTarget` condition (reason
-    /// `TerminationByKubelet`); the phase is `Failed`.
-    pub evicted: Option<&'a str>,
+    /// Set when the node evicted the pod: the phase is `Failed`; with `true`, the message is that
+    /// of its `DisruptionTarget` condition (reason `TerminationByKubelet`).
+    pub evicted: Option<(&'a str, bool)>,
 }
 
 /// A CRI time (nanoseconds) as an API time, truncated to the second as Kubernetes serializes it.
@@ -428,7 +428,7 @@ pub fn generate(pod: &Pod, rt: &RuntimePod, inputs: &Inputs) -> PodStatus {
     let ours = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"];
     let mut all: Vec<PodCondition> =
         old_conditions.iter().filter(|c| !ours.contains(&c.type_.as_str())).cloned().collect();
-    if let Some(message) = inputs.evicted
+    if let Some((message, true)) = inputs.evicted
         && !all.iter().any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
     {
         all.retain(|c| c.type_ != "DisruptionTarget");
@@ -570,7 +570,7 @@ mod tests {
             sandbox_ready: false,
             runtime_name: "containerd",
             terminal: Some(("Evicted", message)),
-            evicted: Some(message),
+            evicted: Some((message, true)),
         };
         let s = generate(&p, &rt, &inputs);
         assert_eq!((s.phase.as_deref(), s.reason.as_deref()), (Some("Failed"), Some("Evicted")));

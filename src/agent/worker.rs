@@ -78,8 +78,8 @@ enum Stage {
 /// status manager holds): what the node endpoint answers by.
 pub type Latest = Arc<std::sync::Mutex<Option<PodStatus>>>;
 
-/// The eviction manager's request to stop the pod for good: (grace period, message).
-pub type Eviction = Arc<std::sync::Mutex<Option<(i64, String)>>>;
+/// Where the eviction manager asks a worker to stop its pod for good.
+pub type EvictionRequest = Arc<std::sync::Mutex<Option<super::eviction::Eviction>>>;
 
 pub struct Worker {
     ctx: Arc<Ctx>,
@@ -100,9 +100,9 @@ pub struct Worker {
     /// Why the pod is finished for good (reason, message), when the agent decided it.
     terminal: Option<(String, String)>,
     /// Where an eviction request arrives.
-    eviction: Eviction,
-    /// The eviction taken in: (grace period, message).
-    evicted: Option<(i64, String)>,
+    eviction: EvictionRequest,
+    /// The eviction taken in.
+    evicted: Option<super::eviction::Eviction>,
     /// The status last written and the resourceVersion it was written at: the base of the next
     /// status until the watch delivers that write, and what is not written twice.
     written: Option<(PodStatus, Value, u64)>,
@@ -158,7 +158,7 @@ impl Worker {
             statuses: HashMap::new(),
             ips: None,
             terminal: None,
-            eviction: Eviction::default(),
+            eviction: EvictionRequest::default(),
             evicted: None,
             written: None,
             unpublished: false,
@@ -168,7 +168,7 @@ impl Worker {
     }
 
     /// Where the eviction manager asks this pod to stop for good (the worker must be woken).
-    pub fn eviction(&self) -> Eviction {
+    pub fn eviction(&self) -> EvictionRequest {
         self.eviction.clone()
     }
 
@@ -218,9 +218,9 @@ impl Worker {
         let deleting = pod.metadata.deletion_timestamp.is_some();
         let finished = matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
         let eviction = self.eviction.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-        if let Some((grace, message)) = eviction.filter(|_| self.stage == Stage::Syncing && !finished) {
-            self.terminal = Some((super::eviction::REASON.into(), message.clone()));
-            self.evicted = Some((grace, message));
+        if let Some(eviction) = eviction.filter(|_| self.stage == Stage::Syncing && !finished) {
+            self.terminal = Some((super::eviction::REASON.into(), eviction.message.clone()));
+            self.evicted = Some(eviction);
         }
         if self.stage == Stage::Syncing && !deleting && !finished && self.terminal.is_none() {
             if let Some(deadline) = self.deadline_exceeded() {
@@ -245,7 +245,7 @@ impl Worker {
             } else {
                 self.spec_grace()
             };
-            let grace = self.evicted.as_ref().map_or(grace, |(g, _)| grace.min(*g));
+            let grace = self.evicted.as_ref().map_or(grace, |e| grace.min(e.grace));
             // A pod that was already finished keeps the status it finished with.
             if let Err(e) = self.terminate(grace, !finished).await {
                 tracing::warn!("pod {}: stopping: {e:#}", spec::full_name(&pod));
@@ -1031,7 +1031,7 @@ impl Worker {
             sandbox_ready,
             runtime_name: &self.ctx.host.runtime_name,
             terminal,
-            evicted: self.evicted.as_ref().map(|(_, m)| m.as_str()),
+            evicted: self.evicted.as_ref().map(|e| (e.message.as_str(), e.disruption)),
         };
         // Until the watch brings our last write back, that write is the status to build on.
         let mut base = (*self.pod).clone();

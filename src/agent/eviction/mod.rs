@@ -112,14 +112,33 @@ impl Pressure {
     }
 }
 
+/// An eviction, as the pod's worker carries it out: stop within `grace` seconds, end `Failed`
+/// with reason `Evicted` and `message`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Eviction {
+    pub grace: i64,
+    pub message: String,
+    /// Whether the pod gets the `DisruptionTarget` condition (node pressure: yes; a local storage
+    /// limit: no, as kubelet).
+    pub disruption: bool,
+}
+
 /// What the eviction manager needs of the node's pods.
 pub trait Pods: Send + Sync {
     /// The pods that hold node resources now.
     fn active(&self) -> Vec<Pod>;
-    /// Stops the pod for good within `grace` seconds: `Failed`, reason `Evicted`, `message`.
-    fn evict(&self, pod: &Pod, grace: i64, message: String);
+    /// Stops the pod for good, as `eviction` says.
+    fn evict(&self, pod: &Pod, eviction: Eviction);
     /// Whether everything of the pod has stopped (or it is gone).
     fn stopped(&self, uid: &str) -> bool;
+}
+
+/// What a pod keeps on the node's disk, for its ephemeral-storage limits, in bytes: each
+/// container's writable layer and logs, and each disk-backed emptyDir volume.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LocalStorage {
+    pub containers: BTreeMap<String, u64>,
+    pub empty_dirs: BTreeMap<String, u64>,
 }
 
 /// Where the signals come from, and what the node can reclaim itself.
@@ -128,6 +147,66 @@ pub trait Node: Send + Sync {
     fn observe(&self) -> impl Future<Output = (Observations, HashMap<String, rank::Usage>)> + Send;
     /// Removes every unused image (kubelet's `DeleteUnusedImages`). Returns the bytes freed.
     fn delete_unused_images(&self) -> impl Future<Output = anyhow::Result<u64>> + Send;
+    /// What `pod` keeps on disk (its containers' writable layers as `usage` measured them).
+    fn local_storage(&self, pod: &Pod, usage: &rank::Usage) -> impl Future<Output = LocalStorage> + Send;
+}
+
+/// Whether `pod` has a local storage limit to watch: an ephemeral-storage limit on a container,
+/// or a size limit on a disk-backed emptyDir.
+fn has_storage_limits(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else { return false };
+    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    containers.flat_map(|c| c.resources.as_ref()?.limits.as_ref()?.get("ephemeral-storage")).next().is_some()
+        || spec.volumes.iter().flatten().any(|v| {
+            v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some() && e.medium.as_deref() != Some("Memory"))
+        })
+}
+
+fn bytes_of(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> i128 {
+    crate::registry::kinds::pod_rules::parse_quantity(&q.0).unwrap_or(0) / 1000
+}
+
+/// kubelet's `localStorageEviction` for one pod: the message when it is over one of its limits,
+/// checked in kubelet's order (an emptyDir's size limit, the pod's total, a container's limit).
+fn over_storage_limit(pod: &Pod, used: &LocalStorage) -> Option<String> {
+    use crate::registry::kinds::pod_rules::canonical_quantity;
+    let spec = pod.spec.as_ref()?;
+    let canonical = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+        canonical_quantity(&q.0).unwrap_or_else(|| q.0.clone())
+    };
+    for v in spec.volumes.iter().flatten() {
+        let Some(limit) = v.empty_dir.as_ref().and_then(|e| e.size_limit.as_ref()) else { continue };
+        let used = used.empty_dirs.get(&v.name).copied().unwrap_or(0);
+        if bytes_of(limit) > 0 && i128::from(used) > bytes_of(limit) {
+            return Some(format!("Usage of EmptyDir volume {:?} exceeds the limit {:?}. ", v.name, canonical(limit)));
+        }
+    }
+    let limit = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources.as_ref()?.limits.as_ref()?.get("ephemeral-storage").cloned()
+    };
+    let app: Vec<i128> = spec.containers.iter().filter_map(limit).map(|q| bytes_of(&q)).collect();
+    let init = spec.init_containers.iter().flatten().filter_map(limit).map(|q| bytes_of(&q)).max();
+    if !app.is_empty() || init.is_some() {
+        let pod_limit = app.iter().sum::<i128>().max(init.unwrap_or(0));
+        let total: u64 = used.containers.values().chain(used.empty_dirs.values()).sum();
+        if i128::from(total) > pod_limit {
+            return Some(format!(
+                "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
+                binary_quantity(pod_limit)
+            ));
+        }
+    }
+    for c in spec.containers.iter() {
+        let Some(q) = limit(c) else { continue };
+        if bytes_of(&q) > 0 && i128::from(used.containers.get(&c.name).copied().unwrap_or(0)) > bytes_of(&q) {
+            return Some(format!(
+                "Container {} exceeded its local ephemeral storage limit {:?}. ",
+                c.name,
+                canonical(&q)
+            ));
+        }
+    }
+    None
 }
 
 /// The eviction manager's memory between rounds.
@@ -265,9 +344,10 @@ impl Manager {
                 changed = sampled.changed() => if changed.is_err() { return },
                 _ = shutdown.cancelled() => return,
             }
-            if let Some(uid) = self.round(&mut state, &node, pods.as_ref()).await {
+            let evicted = self.round(&mut state, &node, pods.as_ref()).await;
+            if !evicted.is_empty() {
                 let deadline = Instant::now() + CLEANUP_TIMEOUT;
-                while !pods.stopped(&uid) && Instant::now() < deadline {
+                while !evicted.iter().all(|uid| pods.stopped(uid)) && Instant::now() < deadline {
                     tokio::select! {
                         _ = tokio::time::sleep(CLEANUP_POLL) => {}
                         _ = shutdown.cancelled() => return,
@@ -279,9 +359,10 @@ impl Manager {
         }
     }
 
-    /// One round. Returns the UID of the pod evicted, if one was.
-    async fn round(&self, state: &mut State, node: &impl Node, pods: &dyn Pods) -> Option<String> {
+    /// One round. Returns the UIDs of the pods evicted.
+    async fn round(&self, state: &mut State, node: &impl Node, pods: &dyn Pods) -> Vec<String> {
         let (observations, usage) = node.observe().await;
+        let active = pods.active();
         let round = state.round(&self.config, &observations, Instant::now());
         let (appeared, went) = self.pressure.set(round.conditions);
         for c in appeared {
@@ -292,7 +373,13 @@ impl Manager {
             tracing::info!("node agent: the node no longer has {}", c.name());
             self.node_event(EventType::Normal, transition(c, false));
         }
-        let threshold = round.act.first()?.clone();
+        // Pods over their local storage limits go first, all of them at once (kubelet's
+        // `localStorageEviction`); then one pod for the thresholds, if any is due.
+        let over = self.storage_evictions(node, pods, &active, &usage).await;
+        if !over.is_empty() {
+            return over;
+        }
+        let Some(threshold) = round.act.first().cloned() else { return Vec::new() };
         state.acted(threshold.signal, &observations);
         let resource = threshold.signal.resource();
         tracing::info!("eviction manager: attempting to reclaim {resource}");
@@ -306,11 +393,10 @@ impl Manager {
             let (after, _) = node.observe().await;
             if met(&self.config.thresholds, &after, true).is_empty() {
                 tracing::info!("eviction manager: able to reduce {resource} pressure without evicting pods");
-                return None;
+                return Vec::new();
             }
         }
-        let mut candidates: Vec<rank::Candidate> = pods
-            .active()
+        let mut candidates: Vec<rank::Candidate> = active
             .into_iter()
             .map(|pod| {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -319,7 +405,7 @@ impl Manager {
             .collect();
         if candidates.is_empty() {
             tracing::warn!("eviction manager: eviction thresholds have been met, but no pods are active to evict");
-            return None;
+            return Vec::new();
         }
         rank::rank(&mut candidates, threshold.signal);
         for c in candidates {
@@ -331,11 +417,31 @@ impl Manager {
             let grace = if threshold.hard { IMMEDIATE_GRACE } else { self.soft_grace(&c.pod) };
             let message = message(&threshold, observations.get(&threshold.signal), &c.pod, c.usage.as_ref());
             tracing::warn!("eviction manager: evicting pod {name}: {message}");
-            pods.evict(&c.pod, grace, message);
-            return c.pod.metadata.uid.clone();
+            pods.evict(&c.pod, Eviction { grace, message, disruption: true });
+            return c.pod.metadata.uid.into_iter().collect();
         }
         tracing::warn!("eviction manager: unable to evict any pods from the node");
-        None
+        Vec::new()
+    }
+
+    /// Evicts every non-critical pod over one of its local storage limits, with a 1 s grace period
+    /// and no `DisruptionTarget` condition (kubelet's `localStorageEviction`).
+    async fn storage_evictions(
+        &self,
+        node: &impl Node,
+        pods: &dyn Pods,
+        active: &[Pod],
+        usage: &HashMap<String, rank::Usage>,
+    ) -> Vec<String> {
+        let mut evicted = Vec::new();
+        for pod in active.iter().filter(|p| has_storage_limits(p) && !crate::cgroups::is_critical_pod(p)) {
+            let Some(used) = pod.metadata.uid.as_ref().and_then(|uid| usage.get(uid)) else { continue };
+            let Some(message) = over_storage_limit(pod, &node.local_storage(pod, used).await) else { continue };
+            tracing::warn!("eviction manager: evicting pod {}: {message}", crate::agent::spec::full_name(pod));
+            pods.evict(pod, Eviction { grace: IMMEDIATE_GRACE, message, disruption: false });
+            evicted.extend(pod.metadata.uid.clone());
+        }
+        evicted
     }
 
     /// The grace period of a pod evicted for a soft threshold: the smaller of

@@ -1,23 +1,27 @@
 //! The signals as this node measures them (kubelet's `makeSignalObservations`): memory from the
 //! newest stats reading (the node's working set against its memory; the pods' working set against
 //! node allocatable's memory, for `allocatableMemory.available`), the node and image filesystems
-//! from statfs, and PIDs from the kernel's limits and `/proc/loadavg`.
+//! from statfs, and PIDs from the kernel's limits and `/proc/loadavg`; and what a pod with
+//! local storage limits keeps on disk (its writable layers, its logs, its emptyDir volumes).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use super::rank::Usage;
-use super::{Observations, Observed, Signal};
+use super::{LocalStorage, Observations, Observed, Signal};
 use crate::agent::image_gc::{self, ImageGc};
 use crate::agent::stats::{Stats, Summary};
 use crate::runtime::cri::Cri;
+use crate::volumes::EMPTY_DIR;
 
 /// The node's sources of the signals.
 pub struct Sources {
     pub stats: Arc<Stats>,
     pub cri: Cri,
-    /// Where pods' directories and logs are (kubelet's root directory: the nodefs).
+    /// `<data-dir>/agent`: where pods' directories (`pods/`) and logs (`logs/pods/`) are, the nodefs.
     pub nodefs: PathBuf,
     /// Memory less `--system-reserved` and `--kube-reserved`: the pods' share (kubelet's
     /// `kubepods` cgroup limit).
@@ -108,4 +112,35 @@ impl super::Node for Sources {
     async fn delete_unused_images(&self) -> anyhow::Result<u64> {
         self.image_gc.delete_unused().await
     }
+
+    async fn local_storage(&self, pod: &Pod, usage: &Usage) -> LocalStorage {
+        let logs = crate::agent::spec::log_dir(&self.nodefs.join("logs").join("pods"), pod);
+        let volumes = self.nodefs.join("pods").join(crate::agent::spec::uid(pod)).join("volumes").join(EMPTY_DIR);
+        let spec = pod.spec.clone().unwrap_or_default();
+        let rootfs: HashMap<String, u64> =
+            usage.containers.iter().map(|(name, _, disk)| (name.clone(), *disk)).collect();
+        let measure = move || {
+            let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+            let containers = containers
+                .map(|c| (c.name.clone(), rootfs.get(&c.name).copied().unwrap_or(0) + du(&logs.join(&c.name))))
+                .collect();
+            let disk_backed = spec
+                .volumes
+                .iter()
+                .flatten()
+                .filter(|v| v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() != Some("Memory")));
+            let empty_dirs = disk_backed.map(|v| (v.name.clone(), du(&volumes.join(&v.name)))).collect();
+            LocalStorage { containers, empty_dirs }
+        };
+        tokio::task::spawn_blocking(measure).await.unwrap_or_default()
+    }
+}
+
+/// The bytes of the files below `path` (not following links); 0 when it is missing.
+fn du(path: &std::path::Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
+    if !meta.is_dir() {
+        return meta.len();
+    }
+    std::fs::read_dir(path).map_or(0, |entries| entries.flatten().map(|e| du(&e.path())).sum())
 }

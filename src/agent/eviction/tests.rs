@@ -119,6 +119,7 @@ struct FakeNode {
     observations: Mutex<Vec<Observations>>,
     usage: HashMap<String, rank::Usage>,
     images_deleted: Mutex<u32>,
+    empty_dirs: BTreeMap<String, u64>,
 }
 
 impl Node for FakeNode {
@@ -132,12 +133,17 @@ impl Node for FakeNode {
         *self.images_deleted.lock().unwrap() += 1;
         Ok(1 << 30)
     }
+
+    async fn local_storage(&self, _: &Pod, usage: &rank::Usage) -> LocalStorage {
+        let containers = usage.containers.iter().map(|(name, _, disk)| (name.clone(), *disk)).collect();
+        LocalStorage { containers, empty_dirs: self.empty_dirs.clone() }
+    }
 }
 
 #[derive(Default)]
 struct FakePods {
     pods: Vec<Pod>,
-    evicted: Mutex<Vec<(String, i64, String)>>,
+    evicted: Mutex<Vec<(String, Eviction)>>,
 }
 
 impl Pods for FakePods {
@@ -145,8 +151,8 @@ impl Pods for FakePods {
         self.pods.clone()
     }
 
-    fn evict(&self, pod: &Pod, grace: i64, message: String) {
-        self.evicted.lock().unwrap().push((pod.metadata.name.clone().unwrap(), grace, message));
+    fn evict(&self, pod: &Pod, eviction: Eviction) {
+        self.evicted.lock().unwrap().push((pod.metadata.name.clone().unwrap(), eviction));
     }
 
     fn stopped(&self, _: &str) -> bool {
@@ -192,17 +198,11 @@ async fn memory_pressure_evicts_the_pod_furthest_over_its_request_and_spares_cri
         ..Default::default()
     };
     let mut state = State::default();
-    assert_eq!(m.round(&mut state, &node, &pods).await.as_deref(), Some("uid-hog"));
+    assert_eq!(m.round(&mut state, &node, &pods).await, ["uid-hog"]);
     assert!(m.pressure.conditions().contains(&Condition::Memory));
     let evicted = pods.evicted.lock().unwrap().clone();
-    assert_eq!(
-        evicted,
-        [(
-            "hog".to_string(),
-            1,
-            "The node was low on resource: memory. Threshold quantity: 300Mi, available: 200Mi. Container main was using 400Mi, request is 0, has larger consumption of memory. ".to_string()
-        )]
-    );
+    let message = "The node was low on resource: memory. Threshold quantity: 300Mi, available: 200Mi. Container main was using 400Mi, request is 0, has larger consumption of memory. ";
+    assert_eq!(evicted, [("hog".to_string(), Eviction { grace: 1, message: message.into(), disruption: true })]);
 }
 
 #[tokio::test]
@@ -216,7 +216,7 @@ async fn disk_pressure_removes_unused_images_before_it_evicts() {
         ..Default::default()
     };
     let pods = FakePods { pods: vec![pod("p", None, 0)], ..Default::default() };
-    assert_eq!(m.round(&mut State::default(), &node, &pods).await, None);
+    assert!(m.round(&mut State::default(), &node, &pods).await.is_empty());
     assert_eq!(*node.images_deleted.lock().unwrap(), 1);
     assert!(pods.evicted.lock().unwrap().is_empty());
     assert!(m.pressure.conditions().contains(&Condition::Disk));
@@ -232,4 +232,77 @@ fn soft_evictions_take_the_pods_own_grace_period_unless_a_smaller_maximum_is_set
     assert_eq!(m.soft_grace(&own), 10);
     m.config.max_pod_grace = -1;
     assert_eq!(m.soft_grace(&own), 1);
+}
+
+#[tokio::test]
+async fn pods_over_their_local_storage_limits_are_evicted_without_a_disruption_condition() {
+    let m = manager(config("memory.available<100Mi", "", ""));
+    let disk = |mib: u64| rank::Usage { containers: vec![("main".into(), 0, mib << 20)], ..Default::default() };
+    let node = FakeNode {
+        observations: Mutex::new(vec![observed(Signal::MemoryAvailable, 900 * MI, 1000 * MI, 1)]),
+        usage: HashMap::from([
+            ("uid-over".to_string(), disk(30)),
+            ("uid-within".to_string(), disk(5)),
+            ("uid-unlimited".to_string(), disk(500)),
+        ]),
+        ..Default::default()
+    };
+    let limited = |name: &str| {
+        let mut p = pod(name, None, 0);
+        spec(&mut p).containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            limits: Some(
+                [(
+                    "ephemeral-storage".to_string(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("20Mi".into()),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        });
+        p
+    };
+    let pods =
+        FakePods { pods: vec![limited("over"), limited("within"), pod("unlimited", None, 0)], ..Default::default() };
+    assert_eq!(m.round(&mut State::default(), &node, &pods).await, ["uid-over"]);
+    let evicted = pods.evicted.lock().unwrap().clone();
+    let message = "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. ";
+    assert_eq!(evicted, [("over".to_string(), Eviction { grace: 1, message: message.into(), disruption: false })]);
+}
+
+#[test]
+fn storage_limits_are_checked_in_kubelets_order_with_its_messages() {
+    let q = |s: &str| k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.into());
+    let mut p = pod("p", None, 0);
+    spec(&mut p).volumes = Some(vec![k8s_openapi::api::core::v1::Volume {
+        name: "scratch".into(),
+        empty_dir: Some(k8s_openapi::api::core::v1::EmptyDirVolumeSource {
+            size_limit: Some(q("5Mi")),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    assert!(has_storage_limits(&p));
+    let used = |container: u64, scratch: u64| LocalStorage {
+        containers: [("main".to_string(), container << 20)].into(),
+        empty_dirs: [("scratch".to_string(), scratch << 20)].into(),
+    };
+    assert_eq!(over_storage_limit(&p, &used(100, 4)), None, "no container limit");
+    assert_eq!(
+        over_storage_limit(&p, &used(0, 6)).as_deref(),
+        Some("Usage of EmptyDir volume \"scratch\" exceeds the limit \"5Mi\". ")
+    );
+    spec(&mut p).containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        limits: Some([("ephemeral-storage".to_string(), q("10Mi"))].into()),
+        ..Default::default()
+    });
+    let mut side = spec(&mut p).containers[0].clone();
+    side.name = "side".into();
+    spec(&mut p).containers.push(side);
+    // Within the pod's 20Mi, but one container is over its own 10Mi.
+    assert_eq!(
+        over_storage_limit(&p, &used(12, 1)).as_deref(),
+        Some("Container main exceeded its local ephemeral storage limit \"10Mi\". ")
+    );
+    assert_eq!(over_storage_limit(&p, &used(9, 1)), None);
+    assert!(!has_storage_limits(&pod("plain", None, 0)));
 }
