@@ -407,6 +407,18 @@ impl Manager {
             tracing::warn!("eviction manager: eviction thresholds have been met, but no pods are active to evict");
             return Vec::new();
         }
+        if resource == "ephemeral-storage" {
+            // Disk use counts the logs and emptyDir volumes too (kubelet's `localDiskUsage`), measured
+            // only now that it is needed.
+            for c in &mut candidates {
+                let Some(usage) = c.usage.as_mut() else { continue };
+                let stored = node.local_storage(&c.pod, usage).await;
+                usage.disk = stored.containers.values().chain(stored.empty_dirs.values()).sum();
+                for (name, _, disk) in &mut usage.containers {
+                    *disk = stored.containers.get(name.as_str()).copied().unwrap_or(*disk);
+                }
+            }
+        }
         rank::rank(&mut candidates, threshold.signal);
         for c in candidates {
             let name = crate::agent::spec::full_name(&c.pod);

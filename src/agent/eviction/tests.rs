@@ -119,7 +119,8 @@ struct FakeNode {
     observations: Mutex<Vec<Observations>>,
     usage: HashMap<String, rank::Usage>,
     images_deleted: Mutex<u32>,
-    empty_dirs: BTreeMap<String, u64>,
+    /// Each pod's emptyDir volumes, by UID.
+    empty_dirs: HashMap<String, BTreeMap<String, u64>>,
 }
 
 impl Node for FakeNode {
@@ -134,9 +135,10 @@ impl Node for FakeNode {
         Ok(1 << 30)
     }
 
-    async fn local_storage(&self, _: &Pod, usage: &rank::Usage) -> LocalStorage {
+    async fn local_storage(&self, pod: &Pod, usage: &rank::Usage) -> LocalStorage {
         let containers = usage.containers.iter().map(|(name, _, disk)| (name.clone(), *disk)).collect();
-        LocalStorage { containers, empty_dirs: self.empty_dirs.clone() }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        LocalStorage { containers, empty_dirs: self.empty_dirs.get(&uid).cloned().unwrap_or_default() }
     }
 }
 
@@ -220,6 +222,26 @@ async fn disk_pressure_removes_unused_images_before_it_evicts() {
     assert_eq!(*node.images_deleted.lock().unwrap(), 1);
     assert!(pods.evicted.lock().unwrap().is_empty());
     assert!(m.pressure.conditions().contains(&Condition::Disk));
+}
+
+#[tokio::test]
+async fn disk_pressure_ranks_pods_by_all_they_store_and_names_the_resource() {
+    let m = manager(config("nodefs.available<10%", "", ""));
+    let disk = |mib: u64| rank::Usage { containers: vec![("main".into(), 0, mib << 20)], ..Default::default() };
+    let node = FakeNode {
+        // Removing images frees nothing.
+        observations: Mutex::new(vec![observed(Signal::NodefsAvailable, 5, 100, 1)]),
+        usage: HashMap::from([("uid-layer".to_string(), disk(40)), ("uid-volume".to_string(), disk(1))]),
+        empty_dirs: HashMap::from([("uid-volume".to_string(), BTreeMap::from([("cache".to_string(), 100 << 20)]))]),
+        ..Default::default()
+    };
+    let pods = FakePods { pods: vec![pod("layer", None, 0), pod("volume", None, 0)], ..Default::default() };
+    assert_eq!(m.round(&mut State::default(), &node, &pods).await, ["uid-volume"]);
+    assert_eq!(*node.images_deleted.lock().unwrap(), 1);
+    let evicted = pods.evicted.lock().unwrap().clone();
+    // The container's own use (its writable layer and logs) is named; the volume is the pod's.
+    let message = "The node was low on resource: ephemeral-storage. Threshold quantity: 10, available: 5. Container main was using 1Mi, request is 0, has larger consumption of ephemeral-storage. ";
+    assert_eq!(evicted[0].1.message, message);
 }
 
 #[test]
