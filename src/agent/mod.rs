@@ -161,6 +161,7 @@ pub fn start(
             None
         }
     };
+    let pod_cgroups = cgroups.clone();
     let csi_drivers = crate::csi::client::Drivers::default();
     let storage = cfg.storage.clone();
     let device_dir = crate::devices::plugins_dir(&storage.kubelet_root_dir);
@@ -282,8 +283,14 @@ pub fn start(
         }
         let stats = stats::Stats::new(pods.runtime().clone(), node_name);
         tokio::spawn(stats.clone().run(stop.clone()));
-        let sources =
-            eviction::observe::Sources { stats: stats.clone(), cri: image_cri, nodefs, pods_memory, image_gc };
+        let sources = eviction::observe::Sources {
+            stats: stats.clone(),
+            cri: image_cri,
+            nodefs,
+            pods_memory,
+            image_gc,
+            cgroups: pod_cgroups,
+        };
         tokio::spawn(evictions.run(sources, pods.clone(), stats.samples(), stop.clone()));
         if let Some(e) = endpoint {
             let router = endpoint::router(pods, stats, sessions);

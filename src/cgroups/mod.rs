@@ -258,6 +258,12 @@ impl Manager {
         Ok(())
     }
 
+    /// How many tasks the pod's cgroup holds now (`pids.current`), where the pids controller is.
+    pub fn pod_processes(&self, uid: &str, qos: QosClass) -> Option<u64> {
+        valid_component(uid).ok()?;
+        self.cgroup(&self.pod_name(uid, qos)).controller_of::<PidController>()?.get_pid_current().ok()
+    }
+
     /// The pods that have a cgroup now, with their QoS class (to clean up after a restart).
     pub fn pods(&self) -> Result<Vec<(String, QosClass)>, Error> {
         let mut found = BTreeSet::new();

@@ -386,7 +386,9 @@ fn manager_creates_limits_lists_and_removes_pod_cgroups() {
         }
         assert_eq!(m.pods().unwrap(), vec![(uid.to_string(), QosClass::Burstable)]);
 
+        assert_eq!(m.pod_processes(uid, QosClass::Burstable), Some(0));
         let mut child = spawn_in(&m, &name);
+        assert_eq!(m.pod_processes(uid, QosClass::Burstable), Some(1));
         m.remove_pod(uid, QosClass::Burstable).unwrap();
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
         assert!(m.dirs(&name).iter().all(|d| !d.exists()));

@@ -149,6 +149,8 @@ pub trait Node: Send + Sync {
     fn delete_unused_images(&self) -> impl Future<Output = anyhow::Result<u64>> + Send;
     /// What `pod` keeps on disk (its containers' writable layers as `usage` measured them).
     fn local_storage(&self, pod: &Pod, usage: &rank::Usage) -> impl Future<Output = LocalStorage> + Send;
+    /// How many processes the pod runs now.
+    fn processes(&self, pod: &Pod) -> Option<u64>;
 }
 
 /// Whether `pod` has a local storage limit to watch: an ephemeral-storage limit on a container,
@@ -416,6 +418,14 @@ impl Manager {
                 usage.disk = stored.containers.values().chain(stored.empty_dirs.values()).sum();
                 for (name, _, disk) in &mut usage.containers {
                     *disk = stored.containers.get(name.as_str()).copied().unwrap_or(*disk);
+                }
+            }
+        }
+        if threshold.signal == Signal::PidAvailable {
+            for c in &mut candidates {
+                let processes = node.processes(&c.pod);
+                if let (Some(usage), Some(n)) = (c.usage.as_mut(), processes) {
+                    usage.processes = n;
                 }
             }
         }

@@ -27,6 +27,8 @@ pub struct Sources {
     /// `kubepods` cgroup limit).
     pub pods_memory: i128,
     pub image_gc: Arc<ImageGc>,
+    /// The pods' cgroups, where their processes are counted.
+    pub cgroups: Option<crate::cgroups::Manager>,
 }
 
 /// Space and inodes of the filesystem holding `path`: ((available, capacity) bytes,
@@ -133,6 +135,11 @@ impl super::Node for Sources {
             LocalStorage { containers, empty_dirs }
         };
         tokio::task::spawn_blocking(measure).await.unwrap_or_default()
+    }
+
+    fn processes(&self, pod: &Pod) -> Option<u64> {
+        let qos = crate::cgroups::qos_class(pod);
+        self.cgroups.as_ref()?.pod_processes(crate::agent::spec::uid(pod), qos)
     }
 }
 

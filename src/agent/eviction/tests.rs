@@ -121,6 +121,7 @@ struct FakeNode {
     images_deleted: Mutex<u32>,
     /// Each pod's emptyDir volumes, by UID.
     empty_dirs: HashMap<String, BTreeMap<String, u64>>,
+    processes: HashMap<String, u64>,
 }
 
 impl Node for FakeNode {
@@ -133,6 +134,10 @@ impl Node for FakeNode {
     async fn delete_unused_images(&self) -> anyhow::Result<u64> {
         *self.images_deleted.lock().unwrap() += 1;
         Ok(1 << 30)
+    }
+
+    fn processes(&self, pod: &Pod) -> Option<u64> {
+        self.processes.get(pod.metadata.uid.as_deref()?).copied()
     }
 
     async fn local_storage(&self, pod: &Pod, usage: &rank::Usage) -> LocalStorage {
@@ -242,6 +247,29 @@ async fn disk_pressure_ranks_pods_by_all_they_store_and_names_the_resource() {
     // The container's own use (its writable layer and logs) is named; the volume is the pod's.
     let message = "The node was low on resource: ephemeral-storage. Threshold quantity: 10, available: 5. Container main was using 1Mi, request is 0, has larger consumption of ephemeral-storage. ";
     assert_eq!(evicted[0].1.message, message);
+}
+
+#[tokio::test]
+async fn pid_pressure_evicts_the_lower_priority_pod_with_the_most_processes() {
+    let m = manager(config("pid.available<100", "", ""));
+    let seen = rank::Usage::default();
+    let node = FakeNode {
+        observations: Mutex::new(vec![observed(Signal::PidAvailable, 50, 4096, 1)]),
+        usage: ["few", "many", "important"].map(|n| (format!("uid-{n}"), seen.clone())).into(),
+        processes: HashMap::from([
+            ("uid-few".to_string(), 3),
+            ("uid-many".to_string(), 900),
+            ("uid-important".to_string(), 3000),
+        ]),
+        ..Default::default()
+    };
+    let pods = FakePods {
+        pods: vec![pod("few", None, 0), pod("important", None, 10), pod("many", None, 0)],
+        ..Default::default()
+    };
+    assert_eq!(m.round(&mut State::default(), &node, &pods).await, ["uid-many"]);
+    assert_eq!(*node.images_deleted.lock().unwrap(), 0, "PIDs are not reclaimed by removing images");
+    assert!(m.pressure.conditions().contains(&Condition::Pid));
 }
 
 #[test]
