@@ -9,8 +9,8 @@
 //! Then the cost of watching for pressure at idle: the CPU time cairn and its containerd use per
 //! minute on a node running `CAIRN_BENCH_IDLE_PODS` sleeping pods, with the eviction manager and
 //! image GC as they come (a round per 10 s stats reading; images looked at every 5 minutes) against
-//! the same node with both off (`--eviction-hard=` and an image GC period of a year), in
-//! alternating windows of `CAIRN_BENCH_IDLE_SECS` on fresh nodes.
+//! the same node with both off (`--eviction-hard=`, `--local-storage-capacity-isolation=false` and
+//! an image GC period of a year), in alternating windows of `CAIRN_BENCH_IDLE_SECS` on fresh nodes.
 //!
 //! Nothing is asserted; figures go to stdout and `target/bench-pressure.json`.
 //! Environment: `CAIRN_BENCH_RUNS` [20] samples of each; `CAIRN_BENCH_IDLE_PODS` [10];
@@ -133,7 +133,8 @@ async fn main() -> Result<()> {
         env_or("CAIRN_BENCH_IDLE_SECS", 60),
         env_or("CAIRN_BENCH_IDLE_ROUNDS", 2),
     );
-    let off = ["--eviction-hard=".to_string(), "--image-gc-period=8760h".to_string()];
+    let off =
+        ["--eviction-hard=", "--local-storage-capacity-isolation=false", "--image-gc-period=8760h"].map(String::from);
     let (mut on_cpu, mut off_cpu) = (vec![], vec![]);
     for round in 0..rounds {
         for (flags, out) in [(&[][..], &mut on_cpu), (&off[..], &mut off_cpu)] {

@@ -351,6 +351,9 @@ struct NodeArgs {
     /// How long a pressure condition stays after the pressure is gone
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     eviction_pressure_transition_period: std::time::Duration,
+    /// Evict pods over their ephemeral-storage limits or an emptyDir's sizeLimit (kubelet's localStorageCapacityIsolation)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    local_storage_capacity_isolation: bool,
 }
 
 /// Flags of `cairn agent`, a node joining a server.
@@ -657,6 +660,7 @@ fn node_config(args: &NodeArgs, cluster_cidr: net::Cidr, control_plane: bool) ->
         .map_err(|e| anyhow::anyhow!("{e}"))?,
         pressure_transition: args.eviction_pressure_transition_period,
         max_pod_grace: args.eviction_max_pod_grace_period,
+        local_storage_isolation: args.local_storage_capacity_isolation,
     };
     let node_ips = match args.node_ip {
         Some(ip) => vec![ip],

@@ -38,6 +38,9 @@ pub struct Config {
     pub pressure_transition: Duration,
     /// `--eviction-max-pod-grace-period`: the most grace a pod evicted for a soft threshold gets.
     pub max_pod_grace: i64,
+    /// `--local-storage-capacity-isolation` (kubelet's `localStorageCapacityIsolation`): whether
+    /// pods over their local storage limits are evicted.
+    pub local_storage_isolation: bool,
 }
 
 /// Each signal's (available, capacity) now, and when it was measured.
@@ -337,7 +340,7 @@ impl Manager {
         mut sampled: tokio::sync::watch::Receiver<u64>,
         shutdown: CancellationToken,
     ) {
-        if self.config.thresholds.is_empty() {
+        if self.config.thresholds.is_empty() && !self.config.local_storage_isolation {
             return;
         }
         let mut state = State::default();
@@ -456,6 +459,9 @@ impl Manager {
         usage: &HashMap<String, rank::Usage>,
     ) -> Vec<String> {
         let mut evicted = Vec::new();
+        if !self.config.local_storage_isolation {
+            return evicted;
+        }
         for pod in active.iter().filter(|p| has_storage_limits(p) && !crate::cgroups::is_critical_pod(p)) {
             let Some(used) = pod.metadata.uid.as_ref().and_then(|uid| usage.get(uid)) else { continue };
             let Some(message) = over_storage_limit(pod, &node.local_storage(pod, used).await) else { continue };

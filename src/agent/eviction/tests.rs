@@ -11,6 +11,7 @@ fn config(hard: &str, soft: &str, grace: &str) -> Config {
         thresholds: thresholds::parse(hard, soft, grace, "").unwrap(),
         pressure_transition: Duration::from_secs(300),
         max_pod_grace: 0,
+        local_storage_isolation: true,
     }
 }
 
@@ -313,6 +314,9 @@ async fn pods_over_their_local_storage_limits_are_evicted_without_a_disruption_c
     };
     let pods =
         FakePods { pods: vec![limited("over"), limited("within"), pod("unlimited", None, 0)], ..Default::default() };
+    let mut off = manager(config("memory.available<100Mi", "", ""));
+    off.config.local_storage_isolation = false;
+    assert!(off.round(&mut State::default(), &node, &pods).await.is_empty());
     assert_eq!(m.round(&mut State::default(), &node, &pods).await, ["uid-over"]);
     let evicted = pods.evicted.lock().unwrap().clone();
     let message = "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. ";
