@@ -323,6 +323,35 @@ fn message(threshold: &Threshold, observed: Option<&Observed>, pod: &Pod, usage:
     message
 }
 
+/// The pods to rank for `signal`, with their use. What is costly to measure is measured only for
+/// the signal that needs it: all a pod stores for disk (kubelet's `localDiskUsage`: writable layers,
+/// logs, emptyDirs), its processes for PIDs.
+async fn candidates(
+    pods: Vec<Pod>,
+    usage: &HashMap<String, rank::Usage>,
+    signal: Signal,
+    node: &impl Node,
+) -> Vec<rank::Candidate> {
+    let mut out = Vec::with_capacity(pods.len());
+    for pod in pods {
+        let mut usage = pod.metadata.uid.as_ref().and_then(|uid| usage.get(uid)).cloned();
+        if let Some(u) = usage.as_mut() {
+            if signal.resource() == "ephemeral-storage" {
+                let stored = node.local_storage(&pod, u).await;
+                u.disk = stored.containers.values().chain(stored.empty_dirs.values()).sum();
+                for (name, _, disk) in &mut u.containers {
+                    *disk = stored.containers.get(name.as_str()).copied().unwrap_or(*disk);
+                }
+            }
+            if signal == Signal::PidAvailable {
+                u.processes = node.processes(&pod).unwrap_or(0);
+            }
+        }
+        out.push(rank::Candidate { pod, usage });
+    }
+    out
+}
+
 /// The eviction manager.
 pub struct Manager {
     pub config: Config,
@@ -386,6 +415,20 @@ impl Manager {
         }
         let Some(threshold) = round.act.first().cloned() else { return Vec::new() };
         state.acted(threshold.signal, &observations);
+        self.relieve(&threshold, &observations, &usage, active, node, pods).await.into_iter().collect()
+    }
+
+    /// Relieves a threshold as kubelet does: node-level reclaim first (unused images, for the disk
+    /// signals), then one pod, the first non-critical one in rank order. Returns its UID.
+    async fn relieve(
+        &self,
+        threshold: &Threshold,
+        observations: &Observations,
+        usage: &HashMap<String, rank::Usage>,
+        active: Vec<Pod>,
+        node: &impl Node,
+        pods: &dyn Pods,
+    ) -> Option<String> {
         let resource = threshold.signal.resource();
         tracing::info!("eviction manager: attempting to reclaim {resource}");
         let reclaiming = format!("Attempting to reclaim {resource}");
@@ -398,40 +441,14 @@ impl Manager {
             let (after, _) = node.observe().await;
             if met(&self.config.thresholds, &after, true).is_empty() {
                 tracing::info!("eviction manager: able to reduce {resource} pressure without evicting pods");
-                return Vec::new();
+                return None;
             }
         }
-        let mut candidates: Vec<rank::Candidate> = active
-            .into_iter()
-            .map(|pod| {
-                let uid = pod.metadata.uid.clone().unwrap_or_default();
-                rank::Candidate { usage: usage.get(&uid).cloned(), pod }
-            })
-            .collect();
-        if candidates.is_empty() {
+        if active.is_empty() {
             tracing::warn!("eviction manager: eviction thresholds have been met, but no pods are active to evict");
-            return Vec::new();
+            return None;
         }
-        if resource == "ephemeral-storage" {
-            // Disk use counts the logs and emptyDir volumes too (kubelet's `localDiskUsage`), measured
-            // only now that it is needed.
-            for c in &mut candidates {
-                let Some(usage) = c.usage.as_mut() else { continue };
-                let stored = node.local_storage(&c.pod, usage).await;
-                usage.disk = stored.containers.values().chain(stored.empty_dirs.values()).sum();
-                for (name, _, disk) in &mut usage.containers {
-                    *disk = stored.containers.get(name.as_str()).copied().unwrap_or(*disk);
-                }
-            }
-        }
-        if threshold.signal == Signal::PidAvailable {
-            for c in &mut candidates {
-                let processes = node.processes(&c.pod);
-                if let (Some(usage), Some(n)) = (c.usage.as_mut(), processes) {
-                    usage.processes = n;
-                }
-            }
-        }
+        let mut candidates = candidates(active, usage, threshold.signal, node).await;
         rank::rank(&mut candidates, threshold.signal);
         for c in candidates {
             let name = crate::agent::spec::full_name(&c.pod);
@@ -440,13 +457,13 @@ impl Manager {
                 continue;
             }
             let grace = if threshold.hard { IMMEDIATE_GRACE } else { self.soft_grace(&c.pod) };
-            let message = message(&threshold, observations.get(&threshold.signal), &c.pod, c.usage.as_ref());
+            let message = message(threshold, observations.get(&threshold.signal), &c.pod, c.usage.as_ref());
             tracing::warn!("eviction manager: evicting pod {name}: {message}");
             pods.evict(&c.pod, Eviction { grace, message, disruption: true });
-            return c.pod.metadata.uid.into_iter().collect();
+            return c.pod.metadata.uid;
         }
         tracing::warn!("eviction manager: unable to evict any pods from the node");
-        Vec::new()
+        None
     }
 
     /// Evicts every non-critical pod over one of its local storage limits, with a 1 s grace period
