@@ -22,6 +22,8 @@ mod binary;
 mod busybox;
 #[path = "common/cri_floor.rs"]
 mod cri_floor;
+#[path = "common/figures.rs"]
+mod figures;
 #[path = "common/node.rs"]
 mod node;
 #[allow(dead_code)]
@@ -37,31 +39,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use busybox::BUSYBOX;
 use cri_floor::bench_cri;
+use figures::{env_or, summary};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use node::Cairn;
-use serde_json::{Value, json};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
+use serde_json::json;
 
 fn write_bytes(pid: u32) -> u64 {
     let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
     io.lines().find_map(|l| l.strip_prefix("write_bytes:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p / 100.0).round() as usize]
-}
-
-fn summary(mut ms: Vec<f64>) -> Value {
-    ms.sort_by(f64::total_cmp);
-    json!({"n": ms.len(), "p50_ms": pct(&ms, 50.0), "p99_ms": pct(&ms, 99.0), "max_ms": ms.last().copied()})
 }
 
 fn pod(name: &str) -> Result<Pod> {

@@ -19,6 +19,8 @@
 mod binary;
 #[path = "../tests/common/busybox.rs"]
 mod busybox;
+#[path = "common/figures.rs"]
+mod figures;
 #[path = "common/node.rs"]
 mod node;
 #[allow(dead_code)]
@@ -30,22 +32,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use busybox::BUSYBOX;
+use figures::{env_or, summary};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
 use node::{Cairn, delete_and_wait, start_up};
 use serde_json::{Value, json};
 
 const RESOURCE: &str = "cairn.io/fake";
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn summary(mut ms: Vec<f64>) -> Value {
-    ms.sort_by(f64::total_cmp);
-    let pct = |p: f64| ms.get(((ms.len().max(1) - 1) as f64 * p / 100.0).round() as usize).copied();
-    json!({"n": ms.len(), "p50_ms": pct(50.0), "p99_ms": pct(99.0), "max_ms": ms.last().copied()})
-}
 
 fn mknod(path: &Path) -> Result<()> {
     let status = std::process::Command::new("mknod").arg(path).args(["c", "1", "3"]).status()?;

@@ -12,6 +12,8 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../src/dns/mod.rs"]
 mod dns;
+#[path = "common/figures.rs"]
+mod figures;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -20,15 +22,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use arc_swap::ArcSwap;
+use figures::env_or;
 use hickory_server::proto::rr::{Name, RecordType};
 use k8s_openapi::api::core::v1::Service;
 use serde_json::json;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn ip(i: usize) -> String {
     format!("10.43.{}.{}", 1 + i / 250, 1 + i % 250)

@@ -15,6 +15,8 @@
 mod binary;
 #[path = "../tests/common/busybox.rs"]
 mod busybox;
+#[path = "common/figures.rs"]
+mod figures;
 #[path = "common/node.rs"]
 mod node;
 #[allow(dead_code)]
@@ -28,14 +30,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use busybox::BUSYBOX;
+use figures::env_or;
 use node::{Cairn, kubectl_path};
 use serde_json::Value;
 
 const SIZE_MIB: usize = 100;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn kubectl(cairn: &Cairn, env: &[(&str, &str)], args: &[&str]) -> Result<Output> {
     let out = Command::new(kubectl_path())

@@ -18,6 +18,8 @@
 
 #[path = "common/binary.rs"]
 mod binary;
+#[path = "common/figures.rs"]
+mod figures;
 #[path = "common/proc.rs"]
 mod proc;
 
@@ -26,6 +28,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use figures::env_or;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use serde_json::json;
@@ -34,10 +37,6 @@ const NET: &str = "10.201.250";
 const NETNS: &str = "cjbench-a";
 const BRIDGE: &str = "cjbenchbr";
 const VETH: &str = "cjbencha";
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn ip(args: &[&str]) -> Result<()> {
     let out = Command::new("ip").args(args).output()?;

@@ -21,6 +21,8 @@
 mod binary;
 #[path = "../tests/common/busybox.rs"]
 mod busybox;
+#[path = "common/figures.rs"]
+mod figures;
 #[path = "common/node.rs"]
 mod node;
 #[allow(dead_code)]
@@ -34,21 +36,12 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use busybox::BUSYBOX;
+use figures::{env_or, summary};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, ListParams, PostParams};
 use node::{Cairn, delete_and_wait, start_up};
-use serde_json::{Value, json};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn summary(mut ms: Vec<f64>) -> Value {
-    ms.sort_by(f64::total_cmp);
-    let pct = |p: f64| ms.get(((ms.len().max(1) - 1) as f64 * p / 100.0).round() as usize).copied();
-    json!({"n": ms.len(), "p50_ms": pct(50.0), "p99_ms": pct(99.0), "max_ms": ms.last().copied()})
-}
+use serde_json::json;
 
 /// A busybox pod of `class` (none when empty) asking for `milli_cpu`, which exits at once on SIGTERM.
 fn pod(name: &str, class: &str, milli_cpu: i64) -> Result<Pod> {

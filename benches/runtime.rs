@@ -17,6 +17,8 @@
 
 #[path = "common/cri_floor.rs"]
 mod cri_floor;
+#[path = "common/figures.rs"]
+mod figures;
 #[allow(dead_code)]
 #[path = "../src/runtime/oci_image.rs"]
 mod oci_image;
@@ -28,14 +30,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use cri_floor::bench_cri;
+use figures::env_or;
 use serde_json::{Value, json};
 
 const BUSYBOX: &str = "docker.io/cairn-bench/busybox:1";
 const REFERENCE_CNI: &str = "/usr/lib/cni";
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn busybox_image() -> Result<Vec<u8>> {
     let busybox = std::fs::read("/bin/busybox").context("busybox-static is needed")?;

@@ -13,6 +13,8 @@
 mod binary;
 #[path = "../tests/common/busybox.rs"]
 mod busybox;
+#[path = "common/figures.rs"]
+mod figures;
 #[path = "common/node.rs"]
 mod node;
 #[allow(dead_code)]
@@ -26,11 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use busybox::BUSYBOX;
+use figures::env_or;
 use node::{Cairn, kubectl_path};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn kubectl(cairn: &Cairn, args: &[&str], stdin: Option<&str>) -> Result<Output> {
     let mut child = Command::new(kubectl_path())

@@ -17,6 +17,8 @@
 mod binary;
 #[path = "../tests/common/busybox.rs"]
 mod busybox;
+#[path = "common/figures.rs"]
+mod figures;
 #[path = "common/node.rs"]
 mod node;
 #[allow(dead_code)]
@@ -29,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use busybox::BUSYBOX;
+use figures::{env_or, summary};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -37,22 +40,6 @@ use kube::core::NamespaceResourceScope;
 use node::Cairn;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p / 100.0).round() as usize]
-}
-
-fn summary(mut ms: Vec<f64>) -> Value {
-    ms.sort_by(f64::total_cmp);
-    json!({"n": ms.len(), "p50_ms": pct(&ms, 50.0), "p99_ms": pct(&ms, 99.0), "max_ms": ms.last().copied()})
-}
 
 fn claim(name: &str, class: &str) -> Result<PersistentVolumeClaim> {
     Ok(serde_json::from_value(json!({

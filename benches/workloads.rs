@@ -17,6 +17,8 @@
 mod api_server;
 #[path = "common/binary.rs"]
 mod binary;
+#[path = "common/figures.rs"]
+mod figures;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -25,15 +27,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use api_server::Cairn;
+use figures::env_or;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn node(i: usize) -> Node {
     let resources = json!({"cpu": "32", "memory": "256Gi", "pods": "110"});
