@@ -290,6 +290,7 @@ pub fn start(
             pods_memory,
             image_gc,
             cgroups: pod_cgroups,
+            image_fs: Default::default(),
         };
         tokio::spawn(evictions.run(sources, pods.clone(), stats.samples(), stop.clone()));
         if let Some(e) = endpoint {

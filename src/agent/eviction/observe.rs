@@ -29,6 +29,8 @@ pub struct Sources {
     pub image_gc: Arc<ImageGc>,
     /// The pods' cgroups, where their processes are counted.
     pub cgroups: Option<crate::cgroups::Manager>,
+    /// Where the runtime keeps its images, asked once.
+    pub image_fs: tokio::sync::OnceCell<String>,
 }
 
 /// Space and inodes of the filesystem holding `path`: ((available, capacity) bytes,
@@ -103,7 +105,7 @@ impl super::Node for Sources {
             }
         };
         fs(Signal::NodefsAvailable, Signal::NodefsInodesFree, statfs(&self.nodefs));
-        let imagefs = image_gc::image_fs_mount(&self.cri).await.ok();
+        let imagefs = self.image_fs.get_or_try_init(|| image_gc::image_fs_mount(&self.cri)).await.ok();
         fs(Signal::ImagefsAvailable, Signal::ImagefsInodesFree, imagefs.and_then(|m| statfs(m.as_ref())));
         if let Some((available, capacity)) = pids() {
             out.insert(Signal::PidAvailable, Observed { available, capacity, sample });

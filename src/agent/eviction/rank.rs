@@ -2,7 +2,7 @@
 //! `rankPIDPressure`: first the pods using more than they asked for, then the lower priority, then
 //! the larger use beyond the request (for PIDs: priority, then the most processes).
 
-use std::cmp::Ordering;
+use std::cmp::Reverse;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -55,20 +55,25 @@ impl Candidate {
     }
 }
 
-/// Sorts `pods` into the order kubelet evicts them in to relieve `signal`.
+/// Sorts `pods` into the order kubelet evicts them in to relieve `signal` (each pod's request is
+/// worked out once, not per comparison).
 pub fn rank(pods: &mut [Candidate], signal: Signal) {
-    pods.sort_by(|a, b| compare(a, b, signal));
+    pods.sort_by_cached_key(|c| key(c, signal));
 }
 
-fn compare(a: &Candidate, b: &Candidate, signal: Signal) -> Ordering {
-    let (ea, eb) = (a.excess(signal), b.excess(signal));
+/// What kubelet's comparators amount to, as a key sorted ascending: for PIDs, priority then the
+/// most processes; otherwise first a pod the stats have not seen (kubelet: "prioritize evicting
+/// the pod for which no stats were found"), then those over their request, then priority, then the
+/// larger excess.
+fn key(c: &Candidate, signal: Signal) -> (bool, bool, i32, Reverse<Option<i128>>) {
+    let excess = c.excess(signal);
     if signal == Signal::PidAvailable {
-        return a.priority().cmp(&b.priority()).then_with(|| eb.cmp(&ea));
+        return (false, false, c.priority(), Reverse(excess));
     }
-    // A pod the stats have not seen goes first (kubelet: "prioritize evicting the pod for which no
-    // stats were found").
-    let (Some(ea), Some(eb)) = (ea, eb) else { return ea.is_some().cmp(&eb.is_some()) };
-    (eb > 0).cmp(&(ea > 0)).then_with(|| a.priority().cmp(&b.priority())).then_with(|| eb.cmp(&ea))
+    match excess {
+        None => (false, false, 0, Reverse(None)),
+        Some(e) => (true, e <= 0, c.priority(), Reverse(Some(e))),
+    }
 }
 
 #[cfg(test)]
