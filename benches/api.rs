@@ -25,6 +25,8 @@
 //! to etcd. The table goes to stdout and the same figures as JSON to `target/bench-api.json`.
 //!
 //! Environment (defaults in brackets):
+//! - `CAIRN_BENCH_BIN` [the release build]: the cairn binary measured (another build, to compare two
+//!   in one sitting);
 //! - `CAIRN_BENCH_CLIENTS` [`1,16,64`]: concurrency levels of the create runs;
 //! - `CAIRN_BENCH_CREATES_SINGLE` [2000]: requests of a one-client run;
 //! - `CAIRN_BENCH_CREATES` [10000]: requests of every other run;
@@ -61,6 +63,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
+
+#[path = "common/binary.rs"]
+mod binary;
 
 /// Longest wait for one request before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -430,7 +435,7 @@ impl Cairn {
         let dir = tempfile::tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig.yaml");
         let log = dir.path().join("server.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        let child = Command::new(binary::cairn_bin())
             .arg("server")
             .arg("--data-dir")
             .arg(dir.path().join("data"))
@@ -778,7 +783,7 @@ struct Footprint {
 
 /// Reads the binary size, then starts a fresh server and reads its RSS once it has idled.
 async fn footprint() -> Result<Footprint> {
-    let binary_bytes = std::fs::metadata(env!("CARGO_BIN_EXE_cairn"))?.len();
+    let binary_bytes = std::fs::metadata(binary::cairn_bin())?.len();
     let cairn = Cairn::start(&["--disable-agent"]).await?;
     tokio::time::sleep(IDLE_SETTLE).await;
     let status = std::fs::read_to_string(format!("/proc/{}/status", cairn.pid()))?;
@@ -1075,7 +1080,7 @@ impl Report {
         let f = &self.footprint;
         let _ = writeln!(t, "\nfootprint");
         let _ = writeln!(t, "  idle RSS (--disable-agent, 3 s after ready)  {:.1} MiB", f.idle_rss_kib as f64 / 1024.0);
-        let _ = writeln!(t, "  release binary {}  {:.1} MiB", env!("CARGO_BIN_EXE_cairn"), mib(f.binary_bytes));
+        let _ = writeln!(t, "  release binary {}  {:.1} MiB", binary::cairn_bin().display(), mib(f.binary_bytes));
         t
     }
 
@@ -1410,7 +1415,7 @@ async fn authz_server(mode: &str, others: usize) -> Result<(Cairn, Endpoint)> {
     admin.expect(Req::post(path, binding("bench-edit".into(), "bench".into(), "edit")), StatusCode::CREATED).await?;
 
     let kubeconfig = cairn.dir.path().join("bench-user.yaml");
-    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+    let out = Command::new(binary::cairn_bin())
         .args(["kubeconfig", "--user", "bench", "--server", &format!("https://{}", cairn.endpoint.addr)])
         .arg("--data-dir")
         .arg(cairn.dir.path().join("data"))
