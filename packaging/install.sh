@@ -43,10 +43,10 @@ say() { printf 'install.sh: %s\n' "$*"; }
 die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 
 # What the agent runs pods with (containerd, runc, iptables for the pod network's NAT, nftables and conntrack for the service proxy) and what the build
-# links (a C compiler and a static libc for the built-in pause program). protoc is not needed: the build
+# links (a C compiler and a static libc for the built-in pause program; make for the jemalloc allocator's build). protoc is not needed: the build
 # uses the protoc-bin-vendored crate's when the machine has none.
 runtime_packages="containerd runc iptables nftables conntrack"
-build_packages="gcc libc6-dev"
+build_packages="gcc libc6-dev make"
 # What the tests and benchmarks use besides: network namespaces (iproute2), test images (busybox-static),
 # the reference CNI plugins the network benchmark compares with, and dnsmasq (the cluster DNS tests'
 # upstream resolver and its benchmark's baseline).

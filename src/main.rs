@@ -837,40 +837,18 @@ fn init_logging(filter: &str) {
         .init();
 }
 
-/// At most four glibc malloc arenas (its default is eight per core): every thread that allocates may
-/// otherwise get an arena of its own that keeps what it freed, and fragmentation across them costs
-/// a small device megabytes (about 3 MiB of RSS with 50 pods in `cargo bench --bench agent`). Two
-/// arenas save a little more but make the two runtime workers and the store's threads wait on each
-/// other's arena lock: scheduling 10 000 pods then sometimes runs at half speed (`cargo bench --bench
-/// scheduler`, the held scenario). Set before the server's threads start.
-fn limit_malloc_arenas() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets a tunable of the allocator; it is called before other threads exist.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 4);
-    }
-}
+// jemalloc replaces glibc's malloc for the whole process (its `malloc`, `free`, ... symbols win at
+// link time; Rust's default allocator calls them). Under create load glibc malloc and the waits on
+// its arena locks took about 40 % of the server's CPU. Not a `#[global_allocator]`: through
+// `malloc` itself the compiler still turns an allocation that is then zeroed into `calloc`, which
+// leaves fresh pages untouched (sled allocates 20 MiB of metric histograms that way, and pays no
+// RSS for them), and C code uses the same allocator.
+use tikv_jemalloc_sys as _;
 
-/// Hands memory freed in the malloc arenas back to the system once a minute (glibc's `malloc_trim`):
-/// glibc returns only the top of each arena by itself, so after a burst (a Deployment rolled out,
-/// a LIST of everything) an idle process would otherwise keep its peak RSS. A thread of its own, so
-/// a slow trim never holds up the runtime's two workers.
-fn trim_malloc_arenas_periodically() {
-    #[cfg(target_env = "gnu")]
-    {
-        const PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
-        let trim = || loop {
-            std::thread::sleep(PERIOD);
-            // SAFETY: malloc_trim only releases free memory; it is safe to call from any thread.
-            unsafe {
-                libc::malloc_trim(0);
-            }
-        };
-        if let Err(e) = std::thread::Builder::new().name("malloc-trim".into()).stack_size(64 << 10).spawn(trim) {
-            tracing::debug!("not trimming the malloc arenas: {e}");
-        }
-    }
-}
+/// jemalloc's options, read at its first allocation: one background thread hands memory that a burst
+/// freed back to the system after the decay time (10 s), even when the process then sits idle.
+#[unsafe(export_name = "malloc_conf")]
+static MALLOC_CONF: &[u8; 48] = b"background_thread:true,max_background_threads:1\0";
 
 fn main() -> std::process::ExitCode {
     // containerd runs this same binary as the pod network's CNI plugin.
@@ -1086,8 +1064,6 @@ fn run_agent(args: AgentArgs) -> Result<()> {
 /// Runs a long-lived command (server or agent) on two worker threads, which suit the small
 /// machines cairn runs on.
 fn block_on(run: impl std::future::Future<Output = Result<()>>) -> Result<()> {
-    limit_malloc_arenas();
-    trim_malloc_arenas_periodically();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
