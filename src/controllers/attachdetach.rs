@@ -20,6 +20,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
 
+use super::informer::Informer;
 use super::protection::claims_of;
 use super::runtime::{Error, Reconciler};
 use crate::csi::{attach_required, attachment_name, unique_volume_name};
@@ -39,9 +40,9 @@ impl AttachDetach {
     }
 }
 
-pub fn controller(client: &Client) -> Controller<Node> {
+pub fn controller(client: &Client, pods: &mut Informer<Pod>) -> Controller<Node> {
     Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .watches(Api::<Pod>::all(client.clone()), watcher::Config::default(), |pod| {
+        .watches_shared_stream(pods.subscribe(), |pod| {
             let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
             node.filter(|_| !claims_of(&pod).is_empty()).map(|n| ObjectRef::new(&n))
         })

@@ -43,13 +43,11 @@ pub struct CronJobs {
 
 /// Starts the controller and its watch of Jobs.
 pub fn spawn(client: &Client, jobs: &mut Informer<Job>, shutdown: &CancellationToken) {
-    let controller = Controller::new(Api::<CronJob>::all(client.clone()), watcher::Config::default()).watches_stream(
-        jobs.subscribe(),
-        |job| {
+    let controller = Controller::new(Api::<CronJob>::all(client.clone()), watcher::Config::default())
+        .watches_shared_stream(jobs.subscribe(), |job| {
             let r = controller_of(&job.metadata).filter(|r| r.kind == "CronJob" && r.api_version == "batch/v1")?;
             Some(ObjectRef::<CronJob>::new(&r.name).within(&job.namespace()?))
-        },
-    );
+        });
     let reconciler = CronJobs {
         client: client.clone(),
         jobs: jobs.cache(),

@@ -71,9 +71,11 @@ pub fn spawn(
     let sets: Cache<DaemonSet> = controller.store();
     let (for_pods, for_nodes) = (sets.clone(), sets);
     let controller = controller
-        .watches_stream(pods.subscribe(), move |pod| pod_owners(&for_pods, &pod, |ds: &DaemonSet| &ds.spec.selector))
+        .watches_shared_stream(pods.subscribe(), move |pod| {
+            pod_owners(&for_pods, &pod, |ds: &DaemonSet| &ds.spec.selector)
+        })
         // Any node change may change where daemon pods belong.
-        .watches_stream(nodes.subscribe(), move |_node| {
+        .watches_shared_stream(nodes.subscribe(), move |_node| {
             for_nodes.state().iter().map(|ds| ObjectRef::from_obj(&**ds)).collect::<Vec<_>>()
         });
     let reconciler = DaemonSets {

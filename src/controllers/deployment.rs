@@ -60,8 +60,8 @@ pub fn spawn(client: &Client, sets: &mut Informer<ReplicaSet>, pods: &mut Inform
     let deployments: Cache<Deployment> = controller.store();
     let (for_sets, for_pods, set_cache) = (deployments.clone(), deployments, sets.cache());
     let controller = controller
-        .watches_stream(sets.subscribe(), move |rs| set_owners(&for_sets, &rs))
-        .watches_stream(pods.subscribe(), move |pod| recreating_owner(&for_pods, &set_cache, &pod));
+        .watches_shared_stream(sets.subscribe(), move |rs| set_owners(&for_sets, &rs))
+        .watches_shared_stream(pods.subscribe(), move |pod| recreating_owner(&for_pods, &set_cache, &pod));
     let reconciler = Deployments {
         client: client.clone(),
         sets: sets.cache(),

@@ -41,7 +41,7 @@ pub struct Disruption {
 pub fn spawn(client: &Client, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
     let controller = Controller::new(Api::<PodDisruptionBudget>::all(client.clone()), watcher::Config::default());
     let budgets: Cache<PodDisruptionBudget> = controller.store();
-    let controller = controller.watches_stream(pods.subscribe(), move |pod| {
+    let controller = controller.watches_shared_stream(pods.subscribe(), move |pod| {
         let ns = pod.namespace();
         budgets
             .state()

@@ -14,7 +14,6 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 use tokio_util::sync::CancellationToken;
 
@@ -122,7 +121,9 @@ type ServiceRefs = Vec<ObjectRef<Service>>;
 
 /// The trigger from a pod's change to the Services it concerns: those selecting it now, and those
 /// that selected it at its previous change (its labels may have moved away from them).
-pub(super) fn pod_to_services(services: Cache<Service>) -> impl Fn(Pod) -> Vec<ObjectRef<Service>> + Send + 'static {
+pub(super) fn pod_to_services(
+    services: Cache<Service>,
+) -> impl Fn(Arc<Pod>) -> Vec<ObjectRef<Service>> + Send + 'static {
     let last: Mutex<HashMap<(String, String), ServiceRefs>> = Mutex::new(HashMap::new());
     move |pod| {
         let ns = pod.namespace().unwrap_or_default();
@@ -161,9 +162,9 @@ pub fn spawn(
     endpoints: &mut Informer<Endpoints>,
     shutdown: &CancellationToken,
 ) {
-    let controller = Controller::for_stream(services.subscribe(), services.cache())
-        .watches_stream(pods.subscribe(), pod_to_services(services.cache()))
-        .watches_stream(endpoints.subscribe(), |ep| {
+    let controller = Controller::for_shared_stream(services.subscribe(), services.cache())
+        .watches_shared_stream(pods.subscribe(), pod_to_services(services.cache()))
+        .watches_shared_stream(endpoints.subscribe(), |ep| {
             Some(ObjectRef::<Service>::new(&ep.name_any()).within(&ep.namespace().unwrap_or_default()))
         });
     let reconciler = EndpointsController { client: client.clone(), pods: pods.cache(), endpoints: endpoints.cache() };
@@ -175,7 +176,7 @@ pub fn spawn(
 /// and `checkLeftoverEndpoints` at start).
 async fn sweep_leftovers(
     client: Client,
-    changes: impl futures::Stream<Item = Result<Service, watcher::Error>> + Send + 'static,
+    changes: impl futures::Stream<Item = Arc<Service>> + Send + 'static,
     services: Cache<Service>,
     endpoints: Cache<Endpoints>,
 ) {
@@ -191,7 +192,7 @@ async fn sweep_leftovers(
         delete_endpoints(&client, ep).await;
     }
     let mut changes = std::pin::pin!(changes);
-    while let Some(Ok(svc)) = changes.next().await {
+    while let Some(svc) = changes.next().await {
         let key = ObjectRef::new(&svc.name_any()).within(&svc.namespace().unwrap_or_default());
         if services.get(&key).is_none()
             && let Some(ep) =

@@ -45,9 +45,9 @@ pub fn spawn(
     slices: &mut Informer<EndpointSlice>,
     shutdown: &CancellationToken,
 ) {
-    let controller = Controller::for_stream(services.subscribe(), services.cache())
-        .watches_stream(pods.subscribe(), pod_to_services(services.cache()))
-        .watches_stream(slices.subscribe(), slice_to_service(MANAGED_BY));
+    let controller = Controller::for_shared_stream(services.subscribe(), services.cache())
+        .watches_shared_stream(pods.subscribe(), pod_to_services(services.cache()))
+        .watches_shared_stream(slices.subscribe(), slice_to_service(MANAGED_BY));
     let reconciler = EndpointSlices { client: client.clone(), pods: pods.cache(), slices: slices.cache() };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
 }
@@ -187,7 +187,7 @@ pub(super) fn managed(slices: &Cache<EndpointSlice>, ns: &str, name: &str, manag
 }
 
 /// The Service a slice managed by `manager` belongs to.
-pub(super) fn slice_to_service(manager: &'static str) -> impl Fn(EndpointSlice) -> Option<ObjectRef<Service>> {
+pub(super) fn slice_to_service(manager: &'static str) -> impl Fn(Arc<EndpointSlice>) -> Option<ObjectRef<Service>> {
     move |s| {
         let labels = s.labels();
         (labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(manager))

@@ -45,11 +45,11 @@ pub fn spawn(
     slices: &mut Informer<EndpointSlice>,
     shutdown: &CancellationToken,
 ) {
-    let controller = Controller::for_stream(services.subscribe(), services.cache())
-        .watches_stream(endpoints.subscribe(), |ep| {
+    let controller = Controller::for_shared_stream(services.subscribe(), services.cache())
+        .watches_shared_stream(endpoints.subscribe(), |ep| {
             Some(ObjectRef::<Service>::new(&ep.name_any()).within(&ep.namespace().unwrap_or_default()))
         })
-        .watches_stream(slices.subscribe(), slice_to_service(MANAGED_BY));
+        .watches_shared_stream(slices.subscribe(), slice_to_service(MANAGED_BY));
     let reconciler = Mirroring { client: client.clone(), endpoints: endpoints.cache(), slices: slices.cache() };
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
 }

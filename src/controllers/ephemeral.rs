@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt as _};
 
+use super::informer::Informer;
 use super::runtime::{Error, Reconciler};
 use crate::events::{EventType, ObjectRef, Recorder};
 
@@ -19,8 +19,9 @@ pub struct EphemeralVolumes {
     pub recorder: Recorder,
 }
 
-pub fn controller(client: &Client) -> Controller<Pod> {
-    Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default())
+/// Pods, from the shared pod watch.
+pub fn controller(pods: &mut Informer<Pod>) -> Controller<Pod> {
+    Controller::for_shared_stream(pods.subscribe(), pods.cache())
 }
 
 /// `VolumeIsForPod`: the claim of that name was made for this pod.

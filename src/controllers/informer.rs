@@ -4,6 +4,7 @@
 
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::sync::Arc;
 
 use futures::channel::mpsc;
 use futures::{SinkExt as _, Stream, StreamExt as _};
@@ -38,7 +39,7 @@ pub struct Informer<K: kube::Resource<DynamicType = ()> + Clone + 'static> {
     config: watcher::Config,
     reader: Cache<K>,
     writer: reflector::store::Writer<K>,
-    subscribers: Vec<mpsc::Sender<K>>,
+    subscribers: Vec<mpsc::Sender<Arc<K>>>,
 }
 
 impl<K> Informer<K>
@@ -56,11 +57,12 @@ where
         self.reader.clone()
     }
 
-    /// A stream of every object added, changed or deleted from now on, for `Controller::watches_stream`.
-    pub fn subscribe(&mut self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    /// A stream of every object added, changed or deleted from now on, for
+    /// `Controller::watches_shared_stream`. Subscribers share one copy of each object.
+    pub fn subscribe(&mut self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         let (tx, rx) = mpsc::channel(BUFFER);
         self.subscribers.push(tx);
-        rx.map(Ok)
+        rx
     }
 
     /// Runs the watch until `shutdown`.
@@ -71,7 +73,9 @@ where
             let mut events = std::pin::pin!(events.take_until(shutdown.cancelled_owned()));
             while let Some(event) = events.next().await {
                 let obj = match event {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o)) => o,
+                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o)) => {
+                        Arc::new(o)
+                    }
                     Ok(_) => continue,
                     // The watcher retries with backoff; the API is away meanwhile.
                     Err(e) => {

@@ -84,11 +84,9 @@ impl Memory {
 /// Starts the controller on the shared pod watch, and the sweeper that lets go of the pods of
 /// Jobs that are gone.
 pub fn spawn(client: &Client, jobs: &mut Informer<Job>, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
-    let controller = Controller::for_stream(jobs.subscribe(), jobs.cache()).watches_stream(pods.subscribe(), owner);
-    let changes = futures::stream::select(
-        pods.subscribe().filter_map(|p| std::future::ready(p.ok().map(|p| Change::Pod(Box::new(p))))),
-        jobs.subscribe().filter_map(|j| std::future::ready(j.ok().map(|j| Change::Job(Box::new(j))))),
-    );
+    let controller = Controller::for_shared_stream(jobs.subscribe(), jobs.cache())
+        .watches_shared_stream(pods.subscribe(), |pod| owner(&pod));
+    let changes = futures::stream::select(pods.subscribe().map(Change::Pod), jobs.subscribe().map(Change::Job));
     let memory = Arc::new(Memory::default());
     let caches = (jobs.cache(), pods.cache());
     tokio::spawn(release_orphans(client.clone(), caches, memory.clone(), changes, shutdown.clone()));
@@ -102,7 +100,7 @@ pub fn spawn(client: &Client, jobs: &mut Informer<Job>, pods: &mut Informer<Pod>
     tokio::spawn(runtime::run(controller, reconciler, shutdown.clone()));
 }
 
-fn owner(pod: Pod) -> Option<ObjectRef<Job>> {
+fn owner(pod: &Pod) -> Option<ObjectRef<Job>> {
     let r = controller_of(&pod.metadata).filter(|r| r.kind == "Job" && r.api_version == "batch/v1")?;
     Some(ObjectRef::new(&r.name).within(&pod.namespace()?))
 }
@@ -126,8 +124,8 @@ async fn remove_finalizer(client: &Client, pod: &Pod) -> Result<(), kube::Error>
 
 /// What the orphan sweeper hears of.
 enum Change {
-    Pod(Box<Pod>),
-    Job(Box<Job>),
+    Pod(Arc<Pod>),
+    Job(Arc<Job>),
 }
 
 /// Upstream's orphan-pod handling: a pod keeping the tracking finalizer whose Job is gone is let
@@ -178,7 +176,7 @@ async fn release_orphans(
 /// Removes the tracking finalizer of `pod` when its Job is gone: not in the cache, and not in
 /// the API either (the cache may lag behind a Job just created).
 async fn release_if_orphan(client: &Client, jobs: &Cache<Job>, pod: &Pod) {
-    let Some(job) = owner(pod.clone()).filter(|_| has_finalizer(pod)) else { return };
+    let Some(job) = owner(pod).filter(|_| has_finalizer(pod)) else { return };
     let uid = controller_of(&pod.metadata).map(|r| r.uid.clone());
     if jobs.get(&job).is_some_and(|j| j.uid() == uid) {
         return;

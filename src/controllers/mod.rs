@@ -79,6 +79,8 @@ pub struct Options {
 
 /// Starts every controller; they stop when `shutdown` fires.
 pub fn spawn_all(client: &Client, options: &Options, shutdown: &CancellationToken) {
+    // Controllers that follow pods share one watch of every pod.
+    let mut pods = informer::Informer::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
     tokio::spawn(runtime::run(
         namespace::controller(client),
         namespace::Namespaces { client: client.clone() },
@@ -118,7 +120,7 @@ pub fn spawn_all(client: &Client, options: &Options, shutdown: &CancellationToke
     ));
     persistentvolume::spawn(client, shutdown);
     tokio::spawn(runtime::run(
-        protection::claim_controller(client),
+        protection::claim_controller(client, &mut pods),
         protection::ClaimProtection { client: client.clone() },
         shutdown.clone(),
     ));
@@ -128,7 +130,7 @@ pub fn spawn_all(client: &Client, options: &Options, shutdown: &CancellationToke
         shutdown.clone(),
     ));
     tokio::spawn(runtime::run(
-        ephemeral::controller(client),
+        ephemeral::controller(&mut pods),
         ephemeral::EphemeralVolumes {
             client: client.clone(),
             recorder: crate::events::Recorder::spawn(client.clone(), "ephemeral_volume".into(), String::new()),
@@ -136,15 +138,13 @@ pub fn spawn_all(client: &Client, options: &Options, shutdown: &CancellationToke
         shutdown.clone(),
     ));
     tokio::spawn(runtime::run(
-        attachdetach::controller(client),
+        attachdetach::controller(client, &mut pods),
         attachdetach::AttachDetach::new(client.clone()),
         shutdown.clone(),
     ));
     tokio::spawn(event_ttl::run(client.clone(), event_ttl::EVENT_TTL, shutdown.clone()));
     tokio::spawn(gc::run(client.clone(), shutdown.clone()));
 
-    // Workload controllers share one watch of every pod.
-    let mut pods = informer::Informer::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
     let mut sets = informer::Informer::new(Api::<ReplicaSet>::all(client.clone()), watcher::Config::default());
     replicaset::spawn(client, &mut sets, &mut pods, shutdown);
     deployment::spawn(client, &mut sets, &mut pods, shutdown);

@@ -57,15 +57,17 @@ pub fn spawn(
 ) {
     let waiting = nodes.cache();
     // A Node going away may free a range for one that waits.
-    let controller =
-        Controller::for_stream(nodes.subscribe(), nodes.cache()).watches_stream(nodes.subscribe(), move |_| {
+    let controller = Controller::for_shared_stream(nodes.subscribe(), nodes.cache()).watches_shared_stream(
+        nodes.subscribe(),
+        move |_| {
             waiting
                 .state()
                 .iter()
                 .filter(|n| pod_cidr(n).is_none())
                 .map(|n| ObjectRef::from_obj(&**n))
                 .collect::<Vec<_>>()
-        });
+        },
+    );
     let reconciler = NodeIpam {
         client: client.clone(),
         nodes: nodes.cache(),

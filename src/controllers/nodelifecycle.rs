@@ -128,8 +128,8 @@ pub fn spawn(
 ) {
     let mut leases =
         Informer::new(Api::<Lease>::namespaced(client.clone(), "kube-node-lease"), watcher::Config::default());
-    let controller = Controller::for_stream(nodes.subscribe(), nodes.cache())
-        .watches_stream(leases.subscribe(), |lease| Some(ObjectRef::new(&lease.name_any())));
+    let controller = Controller::for_shared_stream(nodes.subscribe(), nodes.cache())
+        .watches_shared_stream(leases.subscribe(), |lease| Some(ObjectRef::new(&lease.name_any())));
     let reconciler = NodeLifecycle {
         client: client.clone(),
         nodes: nodes.cache(),

@@ -13,6 +13,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt as _};
 use serde_json::json;
 
+use super::informer::Informer;
 use super::runtime::{Error, Reconciler};
 use crate::registry::kinds::storage::{PV_PROTECTION, PVC_PROTECTION};
 
@@ -40,15 +41,12 @@ pub fn claims_of(pod: &Pod) -> Vec<String> {
 }
 
 /// Claims, and the claims of pods that change (a pod leaving may free a claim).
-pub fn claim_controller(client: &Client) -> Controller<PersistentVolumeClaim> {
-    Controller::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default()).watches(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        |pod| {
+pub fn claim_controller(client: &Client, pods: &mut Informer<Pod>) -> Controller<PersistentVolumeClaim> {
+    Controller::new(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default())
+        .watches_shared_stream(pods.subscribe(), |pod| {
             let ns = pod.namespace().unwrap_or_default();
             claims_of(&pod).into_iter().map(move |c| ObjectRef::new(&c).within(&ns))
-        },
-    )
+        })
 }
 
 pub fn volume_controller(client: &Client) -> Controller<PersistentVolume> {

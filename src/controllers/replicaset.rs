@@ -43,11 +43,12 @@ pub struct ReplicaSets {
 
 /// Starts the controller on the shared ReplicaSet and pod watches.
 pub fn spawn(client: &Client, sets: &mut Informer<ReplicaSet>, pods: &mut Informer<Pod>, shutdown: &CancellationToken) {
-    let controller = Controller::for_stream(sets.subscribe(), sets.cache());
+    let controller = Controller::for_shared_stream(sets.subscribe(), sets.cache());
     let sets = sets.cache();
     let mapped = sets.clone();
-    let controller = controller
-        .watches_stream(pods.subscribe(), move |pod| pod_owners(&mapped, &pod, |rs: &ReplicaSet| &rs.spec.selector));
+    let controller = controller.watches_shared_stream(pods.subscribe(), move |pod| {
+        pod_owners(&mapped, &pod, |rs: &ReplicaSet| &rs.spec.selector)
+    });
     let reconciler = ReplicaSets {
         client: client.clone(),
         pods: pods.cache(),

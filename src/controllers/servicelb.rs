@@ -33,13 +33,13 @@ pub fn spawn(
 ) {
     let all = services.cache();
     let for_services = services.cache();
-    let controller = Controller::for_stream(services.subscribe(), services.cache())
+    let controller = Controller::for_shared_stream(services.subscribe(), services.cache())
         // A node coming or going changes every Service's addresses.
-        .watches_stream(nodes.subscribe(), move |_node| {
+        .watches_shared_stream(nodes.subscribe(), move |_node| {
             balanced(&all).map(|s| ObjectRef::from_obj(&*s)).collect::<Vec<_>>()
         })
         // A Service going away may free its ports for a pending one.
-        .watches_stream(services.subscribe(), move |_svc| {
+        .watches_shared_stream(services.subscribe(), move |_svc| {
             balanced(&for_services).map(|s| ObjectRef::from_obj(&*s)).collect::<Vec<_>>()
         });
     let reconciler = ServiceLb { client: client.clone(), services: services.cache(), nodes: nodes.cache() };

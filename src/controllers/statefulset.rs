@@ -68,8 +68,9 @@ pub fn spawn(
 ) {
     let controller = Controller::new(Api::<StatefulSet>::all(client.clone()), watcher::Config::default());
     let sets: Cache<StatefulSet> = controller.store();
-    let controller = controller
-        .watches_stream(pods.subscribe(), move |pod| pod_owners(&sets, &pod, |s: &StatefulSet| &s.spec.selector));
+    let controller = controller.watches_shared_stream(pods.subscribe(), move |pod| {
+        pod_owners(&sets, &pod, |s: &StatefulSet| &s.spec.selector)
+    });
     let reconciler = StatefulSets {
         client: client.clone(),
         pods: pods.cache(),

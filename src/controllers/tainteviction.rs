@@ -38,15 +38,17 @@ pub struct TaintEviction {
 pub fn spawn(client: &Client, pods: &mut Informer<Pod>, nodes: &mut Informer<Node>, shutdown: &CancellationToken) {
     let all = pods.cache();
     // A node's taints changing concerns every pod on it.
-    let controller =
-        Controller::for_stream(pods.subscribe(), pods.cache()).watches_stream(nodes.subscribe(), move |node| {
+    let controller = Controller::for_shared_stream(pods.subscribe(), pods.cache()).watches_shared_stream(
+        nodes.subscribe(),
+        move |node| {
             let name = node.name_any();
             all.state()
                 .iter()
                 .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
                 .map(|p| ObjectRef::from_obj(&**p))
                 .collect::<Vec<_>>()
-        });
+        },
+    );
     let reconciler = TaintEviction {
         client: client.clone(),
         nodes: nodes.cache(),
