@@ -600,8 +600,10 @@ fn traffic_through_cluster_ips_node_ports_and_the_cluster_dns() {
     node.ok(&["exec", "web-2", "--", "touch", "/tmp/ready"]);
     eventually(30, || (answers(10, 2, || fetch_host(node_port)) == both).then_some(()));
 
-    // kill -9: the rules stay in the kernel, so traffic flows while cairn is down and after.
-    let before = nft_table();
+    // kill -9: the rules stay in the kernel, so traffic flows while cairn is down and after. The
+    // table is taken once all three Services of the two pods (web, sticky, lb) have both back:
+    // web-2's return reaches each Service's EndpointSlice in its own reconcile.
+    let before = eventually(30, || Some(nft_table()).filter(|t| t.matches("dnat to ").count() == 6));
     let dir = node.kill9_keep();
     let down = answers(20, 2, || fetch_host(node_port));
     node.start_again(dir);
