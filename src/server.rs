@@ -295,9 +295,12 @@ async fn start_control_plane(
         }
     }
     let mut done = tokio::spawn(api::serve(listener, tls, app.clone(), shutdown.clone()));
+    // The live servers of a shared datastore, which the admin kubeconfig names.
+    let (live_servers, servers) = tokio::sync::watch::channel(Vec::new());
     if shared && !(advertised.ip().is_loopback() || advertised.ip().is_unspecified()) {
         let client = client::in_process(app.clone(), client::controller_manager());
-        let endpoints = tokio::spawn(controllers::apiserverendpoints::run(client, advertised, shutdown.clone()));
+        let endpoints =
+            tokio::spawn(controllers::apiserverendpoints::run(client, advertised, shutdown.clone(), live_servers));
         let api = done;
         // Stopping waits for this server to leave the endpoints.
         done = tokio::spawn(async move {
@@ -345,7 +348,14 @@ async fn start_control_plane(
     }
 
     let url = format!("https://127.0.0.1:{}", local.port());
-    pki::write_kubeconfig(&cfg.write_kubeconfig, cfg.write_kubeconfig_mode, &url, &pki)
+    let kubeconfig = AdminKubeconfig {
+        path: cfg.write_kubeconfig.clone(),
+        mode: cfg.write_kubeconfig_mode,
+        url: url.clone(),
+        advertised,
+    };
+    kubeconfig
+        .write(&pki, &servers.borrow())
         .with_context(|| format!("writing the kubeconfig {}", cfg.write_kubeconfig.display()))?;
 
     let controller_client = client::in_process(app, client::controller_manager());
@@ -376,11 +386,13 @@ async fn start_control_plane(
     } else {
         controllers::spawn_all(&controller_client, &options, &shutdown);
     }
-    let kubeconfig = cfg.write_kubeconfig.clone();
-    let renew_url = url.clone();
-    let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, move |p| {
-        if let Err(e) = pki::write_kubeconfig(&kubeconfig, cfg.write_kubeconfig_mode, &renew_url, p) {
-            tracing::error!("rewriting the kubeconfig after certificate renewal failed: {e}");
+    let kubeconfig = Arc::new(kubeconfig);
+    let handle = pki.clone().spawn_renewal(pki::RENEWAL_CHECK_INTERVAL, {
+        let (kubeconfig, servers) = (kubeconfig.clone(), servers.clone());
+        move |p| {
+            if let Err(e) = kubeconfig.write(p, &servers.borrow()) {
+                tracing::error!("rewriting the kubeconfig after certificate renewal failed: {e}");
+            }
         }
     });
     let stop = shutdown.clone();
@@ -388,8 +400,38 @@ async fn start_control_plane(
         stop.cancelled().await;
         handle.abort();
     });
+    // Servers joining or leaving the cluster: the kubeconfig names the live ones.
+    let mut servers = servers;
+    let stop = shutdown.clone();
+    let pki_now = pki.clone();
+    tokio::spawn(async move {
+        while tokio::select! { changed = servers.changed() => changed.is_ok(), () = stop.cancelled() => false } {
+            let live = servers.borrow_and_update().clone();
+            if let Err(e) = kubeconfig.write(&pki_now, &live) {
+                tracing::error!("rewriting the kubeconfig with the cluster's servers failed: {e}");
+            }
+        }
+    });
     state.ready.store(true, Ordering::Release);
     Ok(Started { url, kubeconfig: cfg.write_kubeconfig, done })
+}
+
+/// The admin kubeconfig this server writes: itself as `default` (on loopback), and on a shared
+/// datastore every other live server by its address, so `kubectl --context 10.0.0.2:6443` reaches
+/// another server when this one is gone.
+struct AdminKubeconfig {
+    path: PathBuf,
+    mode: u32,
+    url: String,
+    advertised: SocketAddr,
+}
+
+impl AdminKubeconfig {
+    fn write(&self, pki: &pki::Pki, live: &[SocketAddr]) -> pki::Result<()> {
+        let others = live.iter().filter(|a| **a != self.advertised).map(|a| (a.to_string(), format!("https://{a}")));
+        let servers: Vec<_> = std::iter::once(("default".to_string(), self.url.clone())).chain(others).collect();
+        pki::write_kubeconfig(&self.path, self.mode, &servers, pki)
+    }
 }
 
 /// The cluster CA with this server's certificates, and the service account key. On a shared

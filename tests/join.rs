@@ -730,7 +730,7 @@ impl Drop for Etcd {
 /// Two servers of one cluster (on one etcd) and an agent naming both: the kubernetes Service lists
 /// both servers; the server the agent talks to is killed with SIGKILL; the node moves on to the
 /// other (its load balancer says so), stays Ready, and runs a pod created through the survivor; the
-/// dead server leaves the kubernetes Service.
+/// dead server leaves the kubernetes Service. Each server's admin kubeconfig names the other live one.
 #[test]
 fn an_agent_naming_two_servers_moves_to_the_other_when_one_dies() {
     let mut lab = Lab::new(4);
@@ -760,6 +760,17 @@ fn an_agent_naming_two_servers_moves_to_the_other_when_one_dies() {
     let mut both = vec![port(&a), port(&b)];
     both.sort();
     within(30, || (api_ports(&b) == both).then_some(()), || b.log());
+    // B's admin kubeconfig names A too: a context per other live server, by its address.
+    let contexts = |s: &Server| {
+        let mut names: Vec<String> =
+            s.ok(&["config", "get-contexts", "-o", "name"]).lines().map(String::from).collect();
+        names.sort();
+        names
+    };
+    let other = within(30, || contexts(&b).into_iter().find(|c| c != "default"), || b.log());
+    assert!(other.ends_with(&format!(":{}", port(&a))), "{other}");
+    let through_a = b.ok(&["--context", &other, "get", "--raw", "/readyz"]);
+    assert_eq!(through_a.trim(), "ok");
     a.ok(&["create", "secret", "generic", "greeting", "--from-literal=word=hello"]);
     a.ok_stdin(&["apply", "-f", "-"], &pod_yaml("before", "d", "echo $GREETING && exec sleep 3600", "[]"));
     within(90, || running(&a, "before"), || d.log());
@@ -775,4 +786,6 @@ fn an_agent_naming_two_servers_moves_to_the_other_when_one_dies() {
     // The dead server leaves the kubernetes Service once its Lease has run out.
     within(40, || (api_ports(&b) == [port(&b)]).then_some(()), || b.log());
     assert!(!api_ports(&b).contains(&a_port));
+    // ... and B's kubeconfig names only B again.
+    within(30, || (contexts(&b) == ["default"]).then_some(()), || b.log());
 }

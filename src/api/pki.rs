@@ -588,12 +588,13 @@ pub fn client_identity(certs: &[CertificateDer<'_>]) -> Option<(String, Vec<Stri
     Some((user, groups))
 }
 
-/// Writes an admin kubeconfig for `server_url` (cluster, user and context all
-/// named `default`) atomically, with permissions `mode` set before any
-/// credential is written. Parent directories are created as needed.
-pub fn write_kubeconfig(path: &Path, mode: u32, server_url: &str, pki: &Pki) -> Result<()> {
+/// Writes an admin kubeconfig atomically, with permissions `mode` set before any credential is
+/// written; parent directories are created as needed. Its first server is `default` (cluster,
+/// user and context all named so, as k3s's) and the current context; every other server of
+/// `servers` (name, URL) gets a cluster and context of that name, with the same user.
+pub fn write_kubeconfig(path: &Path, mode: u32, servers: &[(String, String)], pki: &Pki) -> Result<()> {
     let (cert_pem, key_pem) = pki.admin_pem();
-    let config = kubeconfig(server_url, pki.ca_pem(), &cert_pem, &key_pem);
+    let config = kubeconfig(servers, pki.ca_pem(), &cert_pem, &key_pem);
     let yaml = serde_yaml::to_string(&config).map_err(|cause| Error::Kubeconfig { path: path.to_path_buf(), cause })?;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(io_error("creating directory", parent))?;
@@ -603,16 +604,23 @@ pub fn write_kubeconfig(path: &Path, mode: u32, server_url: &str, pki: &Pki) -> 
     Ok(())
 }
 
-/// A kubeconfig (cluster, user and context all named `default`) for a client certificate.
-fn kubeconfig(server_url: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> serde_json::Value {
+/// A kubeconfig for a client certificate: a cluster and a context per server (name, URL), all
+/// with the user `default`; the first is the current context.
+fn kubeconfig(servers: &[(String, String)], ca_pem: &str, cert_pem: &str, key_pem: &str) -> serde_json::Value {
+    let ca = BASE64.encode(ca_pem);
+    let clusters: Vec<_> = servers
+        .iter()
+        .map(|(name, url)| serde_json::json!({"cluster": {"certificate-authority-data": ca, "server": url}, "name": name}))
+        .collect();
+    let contexts: Vec<_> = servers
+        .iter()
+        .map(|(name, _)| serde_json::json!({"context": {"cluster": name, "user": "default"}, "name": name}))
+        .collect();
     serde_json::json!({
         "apiVersion": "v1",
-        "clusters": [{
-            "cluster": {"certificate-authority-data": BASE64.encode(ca_pem), "server": server_url},
-            "name": "default",
-        }],
-        "contexts": [{"context": {"cluster": "default", "user": "default"}, "name": "default"}],
-        "current-context": "default",
+        "clusters": clusters,
+        "contexts": contexts,
+        "current-context": servers.first().map_or("default", |(name, _)| name.as_str()),
         "kind": "Config",
         "preferences": {},
         "users": [{
@@ -645,7 +653,8 @@ pub fn user_kubeconfig(dir: &Path, server_url: &str, user: &str, group: Option<&
         path: cert_path.clone(),
         cause,
     })?;
-    let config = kubeconfig(server_url, &ca.cert_pem, &cert.pem(), &key.serialize_pem());
+    let servers = [("default".to_string(), server_url.to_string())];
+    let config = kubeconfig(&servers, &ca.cert_pem, &cert.pem(), &key.serialize_pem());
     serde_yaml::to_string(&config).map_err(|cause| Error::Kubeconfig { path: cert_path, cause })
 }
 
@@ -1247,7 +1256,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let pki = load(&tmp.path().join("tls"), &[]);
         let path = tmp.path().join("etc/cairn/cairn.yaml");
-        write_kubeconfig(&path, 0o600, "https://127.0.0.1:6443", &pki).unwrap();
+        let local = ("default".to_string(), "https://127.0.0.1:6443".to_string());
+        write_kubeconfig(&path, 0o600, std::slice::from_ref(&local), &pki).unwrap();
         assert_eq!(mode(&path), 0o600);
 
         let doc: serde_yaml::Value = serde_yaml::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
@@ -1268,8 +1278,18 @@ mod tests {
         assert_eq!(decode(&user["user"]["client-certificate-data"]), cert);
         assert_eq!(decode(&user["user"]["client-key-data"]), key);
 
-        write_kubeconfig(&path, 0o640, "https://10.0.0.5:6443", &pki).unwrap();
+        // Other servers of the cluster: a cluster and a context each, the same user, this one current.
+        let other = ("10.0.0.5:6443".to_string(), "https://10.0.0.5:6443".to_string());
+        write_kubeconfig(&path, 0o640, &[local, other], &pki).unwrap();
         assert_eq!(mode(&path), 0o640);
+        let doc: serde_yaml::Value = serde_yaml::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(doc["current-context"].as_str(), Some("default"));
+        assert_eq!(doc["clusters"][1]["name"].as_str(), Some("10.0.0.5:6443"));
+        assert_eq!(doc["clusters"][1]["cluster"]["server"].as_str(), Some("https://10.0.0.5:6443"));
+        assert_eq!(decode(&doc["clusters"][1]["cluster"]["certificate-authority-data"]), pki.ca_pem());
+        assert_eq!(doc["contexts"][1]["context"]["cluster"].as_str(), Some("10.0.0.5:6443"));
+        assert_eq!(doc["contexts"][1]["context"]["user"].as_str(), Some("default"));
+        assert_eq!(doc["users"].as_sequence().map(Vec::len), Some(1));
     }
 
     #[test]

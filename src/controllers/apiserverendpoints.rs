@@ -22,6 +22,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt as _};
 use sha2::{Digest as _, Sha256};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const RENEW_EVERY: Duration = Duration::from_secs(10);
@@ -33,14 +34,20 @@ const ADDRESS_ANNOTATION: &str = "cairn.io/advertise-address";
 const SERVICE: &str = "kubernetes";
 
 /// Keeps this server (`me`, its advertised address) among the `kubernetes` Service's endpoints
-/// until `shutdown`, then takes it out.
-pub async fn run(client: Client, me: SocketAddr, shutdown: CancellationToken) {
+/// until `shutdown`, then takes it out. `live` is given the addresses of the live servers after
+/// every round (for the admin kubeconfig).
+pub async fn run(client: Client, me: SocketAddr, shutdown: CancellationToken, live: watch::Sender<Vec<SocketAddr>>) {
     let digest = crate::runtime::oci_image::hex(&Sha256::digest(me.to_string().as_bytes()));
     let lease_name = format!("apiserver-{}", &digest[..16]);
     let reconciler = Reconciler { client, me, lease_name };
     loop {
-        if let Err(e) = reconciler.round(false).await {
-            tracing::warn!("reconciling the kubernetes Service's endpoints: {e}");
+        match reconciler.round(false).await {
+            Ok(servers) => {
+                let servers: Vec<SocketAddr> =
+                    servers.iter().flat_map(|(p, ips)| ips.iter().map(|ip| SocketAddr::new(*ip, *p))).collect();
+                live.send_if_modified(|now| std::mem::replace(now, servers.clone()) != servers);
+            }
+            Err(e) => tracing::warn!("reconciling the kubernetes Service's endpoints: {e}"),
         }
         tokio::select! {
             () = tokio::time::sleep(RENEW_EVERY) => {}
@@ -48,7 +55,7 @@ pub async fn run(client: Client, me: SocketAddr, shutdown: CancellationToken) {
         }
     }
     match reconciler.round(true).await {
-        Ok(()) => tracing::info!("removed this server ({me}) from the kubernetes Service's endpoints"),
+        Ok(_) => tracing::info!("removed this server ({me}) from the kubernetes Service's endpoints"),
         Err(e) => tracing::warn!("removing this server from the kubernetes Service's endpoints: {e}"),
     }
 }
@@ -61,8 +68,8 @@ struct Reconciler {
 
 impl Reconciler {
     /// Renews (or, when `leaving`, deletes) this server's Lease, then writes the endpoints of the
-    /// servers whose Lease is current.
-    async fn round(&self, leaving: bool) -> kube::Result<()> {
+    /// servers whose Lease is current and returns them (by port).
+    async fn round(&self, leaving: bool) -> kube::Result<BTreeMap<u16, BTreeSet<IpAddr>>> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-system");
         if leaving {
             let _ = leases.delete(&self.lease_name, &DeleteParams::default()).await;
@@ -87,7 +94,8 @@ impl Reconciler {
                 servers.entry(address.port()).or_default().insert(address.ip());
             }
         }
-        self.write_endpoints(&servers).await
+        self.write_endpoints(&servers).await?;
+        Ok(servers)
     }
 
     async fn renew(&self, leases: &Api<Lease>) -> kube::Result<()> {
