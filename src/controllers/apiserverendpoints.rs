@@ -45,7 +45,11 @@ pub async fn run(client: Client, me: SocketAddr, shutdown: CancellationToken, li
             Ok(servers) => {
                 let servers: Vec<SocketAddr> =
                     servers.iter().flat_map(|(p, ips)| ips.iter().map(|ip| SocketAddr::new(*ip, *p))).collect();
-                live.send_if_modified(|now| std::mem::replace(now, servers.clone()) != servers);
+                live.send_if_modified(|now| {
+                    let changed = *now != servers;
+                    *now = servers;
+                    changed
+                });
             }
             Err(e) => tracing::warn!("reconciling the kubernetes Service's endpoints: {e}"),
         }
