@@ -374,7 +374,10 @@ impl Registry {
             };
         reset_server_meta(meta, r.generation());
         self.admit_create_with_others(r, &mut obj)?;
-        if info.group.is_empty() && info.plural == "pods" {
+        let pod = info.group.is_empty() && info.plural == "pods";
+        if pod {
+            // Before the service account's admission, which would otherwise report a missing
+            // namespace as a missing account.
             self.check_namespace_open(
                 r,
                 &ns,
@@ -400,7 +403,7 @@ impl Registry {
         if let Some(who) = &opts.requester {
             self.confirm_no_escalation(r, &obj, who)?;
         }
-        if info.namespaced {
+        if info.namespaced && !pod {
             self.check_namespace_open(r, &ns, &name)?;
         }
         let mut obj = obj;
@@ -648,8 +651,16 @@ impl Registry {
             if let Some(node) = &opts.node {
                 self.restrict_node(node, r, subresource, noderestriction::Write::Update { old: &old, new: &new })?;
             }
-            let base = base_fields(&old, requested_fields.as_ref(), subresource);
-            manage_fields(r, Some(&old), &mut new, subresource, opts, base, applied)?;
+            if subresource == Some(Subresource::Binding) {
+                // Upstream's BindingREST writes the pod in storage, past the field manager: the
+                // pod's managed fields stay as stored (and no diff of the whole pod is paid).
+                if let Some(stored) = old["metadata"].get("managedFields") {
+                    strategy::meta_mut(&mut new).insert("managedFields".into(), stored.clone());
+                }
+            } else {
+                let base = base_fields(&old, requested_fields.as_ref(), subresource);
+                manage_fields(r, Some(&old), &mut new, subresource, opts, base, applied)?;
+            }
             if new == old {
                 return Ok(Written { object: Self::present(r, &cur)?, warnings, created: false });
             }
