@@ -53,6 +53,7 @@ pub async fn run(cfg: AgentConfig) -> Result<()> {
         started = start(cfg, shutdown.clone()) => started?,
         _ = crate::server::wait_for_signal() => return Ok(()),
     };
+    crate::memory::release_startup_code_later(shutdown.clone());
     crate::server::wait_for_signal().await;
     tracing::info!("shutting down");
     shutdown.cancel();

@@ -12,6 +12,7 @@ mod dns;
 mod events;
 mod join;
 mod labels;
+mod memory;
 mod net;
 mod node;
 #[allow(dead_code)] // wired by server.rs
@@ -836,19 +837,6 @@ fn init_logging(filter: &str) {
         .with_writer(std::io::stderr)
         .init();
 }
-
-// jemalloc replaces glibc's malloc for the whole process (its `malloc`, `free`, ... symbols win at
-// link time; Rust's default allocator calls them). Under create load glibc malloc and the waits on
-// its arena locks took about 40 % of the server's CPU. Not a `#[global_allocator]`: through
-// `malloc` itself the compiler still turns an allocation that is then zeroed into `calloc`, which
-// leaves fresh pages untouched (sled allocates 20 MiB of metric histograms that way, and pays no
-// RSS for them), and C code uses the same allocator.
-use tikv_jemalloc_sys as _;
-
-/// jemalloc's options, read at its first allocation: one background thread hands memory that a burst
-/// freed back to the system after the decay time (10 s), even when the process then sits idle.
-#[unsafe(export_name = "malloc_conf")]
-static MALLOC_CONF: &[u8; 48] = b"background_thread:true,max_background_threads:1\0";
 
 fn main() -> std::process::ExitCode {
     // containerd runs this same binary as the pod network's CNI plugin.

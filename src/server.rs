@@ -117,6 +117,7 @@ pub async fn run(cfg: ServerConfig) -> Result<()> {
     let shutdown = CancellationToken::new();
     let ready = start(cfg, shutdown.clone()).await?;
     tracing::info!("cairn is ready: API at {}, kubeconfig at {}", ready.url, ready.kubeconfig.display());
+    crate::memory::release_startup_code_later(shutdown.clone());
     wait_for_signal().await;
     tracing::info!("shutting down");
     shutdown.cancel();
