@@ -128,10 +128,10 @@ async fn main() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let mut report = json!({});
 
-    let rss_0 = proc::rss_kib(pid);
+    let rss_0 = proc::rss(pid);
     let (writes_0, steps_0) = idle_writes_per_hour(pid, idle_secs).await;
     let containerd_writes_0 = cairn.containerd_pid().map(write_bytes);
-    println!("idle, 0 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_0 as f64 / 1024.0, writes_0 / 1048576.0);
+    println!("idle, 0 pods: RSS {rss_0}, writes {:.2} MiB/h", writes_0 / 1048576.0);
 
     // Raw CRI floor, then the agent path, one pod at a time.
     let floor = bench_cri(|a| cairn.cairn(a), BUSYBOX, singles, 10)?;
@@ -168,9 +168,9 @@ async fn main() -> Result<()> {
     start_pods(&pods, &names).await?;
     // Let the store settle after the churn of the runs above (sled compacts what they deleted).
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let rss_50 = proc::rss_kib(pid);
+    let rss_50 = proc::rss(pid);
     let (writes_50, steps_50) = idle_writes_per_hour(pid, idle_secs).await;
-    println!("idle, 50 pods: RSS {:.1} MiB, writes {:.2} MiB/h", rss_50 as f64 / 1024.0, writes_50 / 1048576.0);
+    println!("idle, 50 pods: RSS {rss_50}, writes {:.2} MiB/h", writes_50 / 1048576.0);
     println!("idle writes per 10 s, 0 pods: {steps_0:?}; 50 pods: {steps_50:?}");
     delete_all(&pods).await?;
 
@@ -180,7 +180,12 @@ async fn main() -> Result<()> {
     report["agent_10_at_once"] = ten;
     report["agent_100_at_once"] = hundred;
     report["agent_100_all_running_s"] = json!(all_running_s);
-    report["idle_rss_mib"] = json!({"pods_0": rss_0 as f64 / 1024.0, "pods_50": rss_50 as f64 / 1024.0});
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    report["idle_rss_mib"] = json!({"pods_0": mib(rss_0.total), "pods_50": mib(rss_50.total)});
+    report["idle_rss_parts_mib"] = json!({
+        "pods_0": {"anon": mib(rss_0.anon), "file": mib(rss_0.file)},
+        "pods_50": {"anon": mib(rss_50.anon), "file": mib(rss_50.file)},
+    });
     report["idle_writes_mib_per_hour"] = json!({"pods_0": writes_0 / 1048576.0, "pods_50": writes_50 / 1048576.0,
         "idle_window_s": idle_secs, "bytes_per_10s_pods_0": steps_0, "bytes_per_10s_pods_50": steps_50, "containerd_total_written_mib": containerd_writes_0.map(|b| b as f64 / 1048576.0)});
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-agent.json");

@@ -11,9 +11,10 @@
 //!   agents (every pod bound); the later runs use the second;
 //! - LIST of 10,000 pods as JSON and as a `meta.k8s.io/v1` Table (median of 5, full body received);
 //! - delivery latency of one write to 100 concurrent pod watchers, from just before the write is sent
-//!   to the receipt of the event line;
-//! - idle RSS of a fresh `cairn server --disable-agent` 3 s after it became ready, and the size of the
-//!   release binary;
+//!   to the receipt of the event line: on the idle server, then again while 16 clients create pods
+//!   in another namespace that the scheduler finds unschedulable (the scheduler busy);
+//! - idle RSS of a fresh `cairn server --disable-agent` 3 s after it became ready and 10 s after (once
+//!   it has handed back start-up's code pages), and the size of the release binary;
 //! - the cost of authorization: pod creates (16 clients) by a user allowed through a RoleBinding to
 //!   `edit`, among `CAIRN_BENCH_AUTHZ_BINDINGS` bindings of other users, on a server deciding with
 //!   RBAC (the default `Node,RBAC`) against the same on a server with `--authorization-mode
@@ -45,7 +46,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -66,6 +67,8 @@ use tokio_rustls::TlsConnector;
 
 #[path = "common/binary.rs"]
 mod binary;
+#[path = "common/proc.rs"]
+mod proc;
 
 /// Longest wait for one request before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -75,8 +78,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between the writes of the watch run, so that their deliveries do not overlap.
 const WATCH_WRITE_GAP: Duration = Duration::from_millis(50);
-/// How long the idle server runs after becoming ready before its RSS is read.
-const IDLE_SETTLE: Duration = Duration::from_secs(3);
+/// When the idle server's memory is read, after it became ready: while start-up's code pages are
+/// still resident, and once the server has handed them back (5 s after ready).
+const IDLE_READS: [Duration; 2] = [Duration::from_secs(3), Duration::from_secs(10)];
 /// Clients that fill the namespace listed by the LIST runs.
 const FILL_CLIENTS: usize = 16;
 const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
@@ -171,11 +175,14 @@ async fn run(config: &Config) -> Result<Report> {
     progress(&format!("list: filling {LIST_NAMESPACE} with {} pods", config.list_pods));
     let lists = list(&cairn.endpoint, &pod, config).await?;
     progress(&format!("watch: {} watchers, {} writes", config.watchers, config.watch_writes));
-    let watch = watch(&cairn.endpoint, &pod, config).await?;
+    let watch = watch(&cairn.endpoint, &pod, config, "idle").await?;
+    progress(&format!("watch, scheduler busy: {BUSY_CLIENTS} clients creating unschedulable pods meanwhile"));
+    let watch_busy = watch_busy(&cairn.endpoint, &pod, config).await?;
     drop(cairn);
     let authz = authorization(&pod, config).await?;
     let pod_bytes = pod.render("bench-1-0").len();
-    Ok(Report { pod_bytes, footprint, creates, etcd_loads, apply, lists, watch, baseline, authz })
+    let watches = [watch, watch_busy];
+    Ok(Report { pod_bytes, footprint, creates, etcd_loads, apply, lists, watches, baseline, authz })
 }
 
 /// Starts the etcd baseline, or says why there is none.
@@ -664,6 +671,8 @@ struct Job {
     requests: usize,
     next: AtomicUsize,
     deadline: Instant,
+    /// Set to end the run before its requests or its time limit are used up.
+    stop: AtomicBool,
 }
 
 /// Sends `requests` requests from `clients` concurrent connections, each taking the next request
@@ -673,8 +682,29 @@ async fn run_load(
     clients: usize,
     requests: usize,
     limit: Duration,
-    (make, expect): (MakeReq, StatusCode),
+    req: (MakeReq, StatusCode),
 ) -> Result<Load> {
+    start_load(endpoint, clients, requests, limit, req).await?.finish().await
+}
+
+/// A load run under way.
+struct Running {
+    job: Arc<Job>,
+    tasks: Vec<tokio::task::JoinHandle<ClientStats>>,
+    clients: usize,
+    start: Instant,
+    /// CPU time of the server and of this process when the run started.
+    cpu_before: (Duration, Duration),
+}
+
+/// Opens the connections of a load run and starts its clients.
+async fn start_load(
+    endpoint: &Endpoint,
+    clients: usize,
+    requests: usize,
+    limit: Duration,
+    (make, expect): (MakeReq, StatusCode),
+) -> Result<Running> {
     let conns = futures::future::try_join_all((0..clients).map(|_| endpoint.connect())).await?;
     let cpu_before = (process_cpu(endpoint.pid), process_cpu(std::process::id()));
     let start = Instant::now();
@@ -685,32 +715,49 @@ async fn run_load(
         requests,
         next: AtomicUsize::new(0),
         deadline: start + limit,
+        stop: AtomicBool::new(false),
     });
-    let tasks: Vec<_> = conns.into_iter().map(|conn| tokio::spawn(client(conn, job.clone()))).collect();
-    let mut load = Load {
-        clients,
-        requests,
-        errors: 0,
-        first_error: None,
-        elapsed: Duration::ZERO,
-        latencies: Vec::new(),
-        server_cpu: Duration::ZERO,
-        client_cpu: Duration::ZERO,
-    };
-    for task in tasks {
-        let stats = task.await?;
-        load.latencies.extend(stats.latencies);
-        load.errors += stats.errors;
-        load.first_error = load.first_error.or(stats.first_error);
+    let tasks = conns.into_iter().map(|conn| tokio::spawn(client(conn, job.clone()))).collect();
+    Ok(Running { job, tasks, clients, start, cpu_before })
+}
+
+impl Running {
+    /// Ends the run early: each client stops after its request in flight.
+    fn stop(&self) {
+        self.job.stop.store(true, Ordering::Relaxed);
     }
-    load.elapsed = start.elapsed();
-    load.server_cpu = process_cpu(endpoint.pid).saturating_sub(cpu_before.0);
-    load.client_cpu = process_cpu(std::process::id()).saturating_sub(cpu_before.1);
-    load.latencies.sort_unstable();
-    if let Some(e) = &load.first_error {
-        eprintln!("[bench]   {} failed request(s); first: {e}", load.errors);
+
+    /// Waits for every client and sums up the run.
+    async fn finish(self) -> Result<Load> {
+        let mut load = Load {
+            clients: self.clients,
+            requests: self.job.requests,
+            errors: 0,
+            first_error: None,
+            elapsed: Duration::ZERO,
+            latencies: Vec::new(),
+            server_cpu: Duration::ZERO,
+            client_cpu: Duration::ZERO,
+        };
+        for task in self.tasks {
+            let stats = task.await?;
+            load.latencies.extend(stats.latencies);
+            load.errors += stats.errors;
+            load.first_error = load.first_error.or(stats.first_error);
+        }
+        load.elapsed = self.start.elapsed();
+        if self.job.stop.load(Ordering::Relaxed) {
+            // A stopped run made as many requests as it sent.
+            load.requests = load.latencies.len() + load.errors;
+        }
+        load.server_cpu = process_cpu(self.job.endpoint.pid).saturating_sub(self.cpu_before.0);
+        load.client_cpu = process_cpu(std::process::id()).saturating_sub(self.cpu_before.1);
+        load.latencies.sort_unstable();
+        if let Some(e) = &load.first_error {
+            eprintln!("[bench]   {} failed request(s); first: {e}", load.errors);
+        }
+        Ok(load)
     }
-    Ok(load)
 }
 
 /// User plus system CPU time a process has used so far (zero if unreadable).
@@ -735,7 +782,7 @@ struct ClientStats {
 /// transport error.
 async fn client(mut conn: Conn, job: Arc<Job>) -> ClientStats {
     let mut stats = ClientStats::default();
-    while Instant::now() < job.deadline {
+    while Instant::now() < job.deadline && !job.stop.load(Ordering::Relaxed) {
         let i = job.next.fetch_add(1, Ordering::Relaxed);
         if i >= job.requests {
             break;
@@ -778,21 +825,21 @@ async fn store_counters(endpoint: &Endpoint) -> Option<(u64, u64)> {
 /// Idle memory and binary size.
 struct Footprint {
     binary_bytes: u64,
-    idle_rss_kib: u64,
+    /// At each of `IDLE_READS`.
+    idle: Vec<proc::Rss>,
 }
 
-/// Reads the binary size, then starts a fresh server and reads its RSS once it has idled.
+/// Reads the binary size, then starts a fresh server and reads its RSS as it idles.
 async fn footprint() -> Result<Footprint> {
     let binary_bytes = std::fs::metadata(binary::cairn_bin())?.len();
     let cairn = Cairn::start(&["--disable-agent"]).await?;
-    tokio::time::sleep(IDLE_SETTLE).await;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", cairn.pid()))?;
-    let idle_rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS in /proc/<pid>/status")?;
-    Ok(Footprint { binary_bytes, idle_rss_kib })
+    let ready = Instant::now();
+    let mut idle = Vec::new();
+    for at in IDLE_READS {
+        tokio::time::sleep(at.saturating_sub(ready.elapsed())).await;
+        idle.push(proc::rss(cairn.pid()));
+    }
+    Ok(Footprint { binary_bytes, idle })
 }
 
 /// What runs beside the API during a create run.
@@ -940,6 +987,30 @@ struct WatchRun {
     delivery: Vec<Duration>,
     /// Latency of the writes themselves, sorted.
     write: Vec<Duration>,
+    /// The creates that kept the scheduler busy meanwhile, if any.
+    background: Option<Load>,
+}
+
+impl WatchRun {
+    fn label(&self) -> &'static str {
+        match self.background {
+            None => "idle server",
+            Some(_) => "scheduler busy",
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "watchers": self.watchers,
+            "writes": self.writes,
+            "delivered": self.delivery.len(),
+            "p50_ms": ms(percentile(&self.delivery, 0.5)),
+            "p99_ms": ms(percentile(&self.delivery, 0.99)),
+            "max_ms": ms(self.delivery.last().copied().unwrap_or_default()),
+            "write_p50_ms": ms(percentile(&self.write, 0.5)),
+            "background_creates": self.background.as_ref().map(Load::to_json),
+        })
+    }
 }
 
 /// One event line received by a watcher.
@@ -950,7 +1021,7 @@ struct Receipt {
 
 /// Opens the watchers from the current revision, then makes one write at a time and waits until
 /// every watcher has received it.
-async fn watch(endpoint: &Endpoint, pod: &PodTemplate, config: &Config) -> Result<WatchRun> {
+async fn watch(endpoint: &Endpoint, pod: &PodTemplate, config: &Config, tag: &str) -> Result<WatchRun> {
     let mut writer = endpoint.connect().await?;
     let head = writer.expect(Req::get("/api/v1/namespaces/default/pods?limit=1", JSON), StatusCode::OK).await?;
     let head: Value = serde_json::from_slice(&head)?;
@@ -960,10 +1031,15 @@ async fn watch(endpoint: &Endpoint, pod: &PodTemplate, config: &Config) -> Resul
     let (tx, mut rx) = mpsc::unbounded_channel();
     let readers: Vec<_> =
         streams.into_iter().map(|(conn, body)| tokio::spawn(read_watch(conn, body, tx.clone()))).collect();
-    let mut run =
-        WatchRun { watchers: config.watchers, writes: config.watch_writes, delivery: Vec::new(), write: Vec::new() };
+    let mut run = WatchRun {
+        watchers: config.watchers,
+        writes: config.watch_writes,
+        delivery: Vec::new(),
+        write: Vec::new(),
+        background: None,
+    };
     for k in 0..config.watch_writes {
-        let name = format!("bench-watch-{k}");
+        let name = format!("bench-watch-{tag}-{k}");
         let sent = Instant::now();
         writer.expect(Req::post("/api/v1/namespaces/default/pods", pod.render(&name)), StatusCode::CREATED).await?;
         run.write.push(sent.elapsed());
@@ -988,6 +1064,29 @@ async fn watch(endpoint: &Endpoint, pod: &PodTemplate, config: &Config) -> Resul
     run.delivery.sort_unstable();
     run.write.sort_unstable();
     Ok(run)
+}
+
+/// Namespace of the pods that keep the scheduler busy during the second watch run.
+const BUSY_NAMESPACE: &str = "bench-busy";
+/// Clients creating those pods.
+const BUSY_CLIENTS: usize = 16;
+/// How long the busy load runs before the watch run starts, to reach its steady state.
+const BUSY_WARMUP: Duration = Duration::from_secs(2);
+
+/// The watch run again while `BUSY_CLIENTS` clients create pods in another namespace, each found
+/// unschedulable by the scheduler (its status and a `FailedScheduling` event written on top).
+async fn watch_busy(endpoint: &Endpoint, pod: &PodTemplate, config: &Config) -> Result<WatchRun> {
+    let mut conn = endpoint.connect().await?;
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BUSY_NAMESPACE}});
+    conn.expect(Req::post("/api/v1/namespaces", ns.to_string()), StatusCode::CREATED).await?;
+    let names: Names = Arc::new(|i| format!("busy-{i}"));
+    let creates = cairn_create(pod, BUSY_NAMESPACE, names);
+    let busy = start_load(endpoint, BUSY_CLIENTS, usize::MAX, config.level_limit, creates).await?;
+    tokio::time::sleep(BUSY_WARMUP).await;
+    let run = watch(endpoint, pod, config, "busy").await;
+    busy.stop();
+    let background = busy.finish().await?;
+    Ok(WatchRun { background: Some(background), ..run? })
 }
 
 /// Opens one watch on a connection of its own; returns once the server has answered 200.
@@ -1030,7 +1129,8 @@ struct Report {
     etcd_loads: Vec<Load>,
     apply: ApplyRun,
     lists: Vec<ListRuns>,
-    watch: WatchRun,
+    /// On the idle server, then with the scheduler busy.
+    watches: [WatchRun; 2],
     /// The etcd version, or why the baseline was skipped.
     baseline: Result<String, String>,
     authz: AuthzRun,
@@ -1079,7 +1179,9 @@ impl Report {
         self.authz.table(&mut t, config);
         let f = &self.footprint;
         let _ = writeln!(t, "\nfootprint");
-        let _ = writeln!(t, "  idle RSS (--disable-agent, 3 s after ready)  {:.1} MiB", f.idle_rss_kib as f64 / 1024.0);
+        for (at, rss) in IDLE_READS.iter().zip(&f.idle) {
+            let _ = writeln!(t, "  idle RSS (--disable-agent, {:>2} s after ready)  {rss}", at.as_secs());
+        }
         let _ = writeln!(t, "  release binary {}  {:.1} MiB", binary::cairn_bin().display(), mib(f.binary_bytes));
         t
     }
@@ -1149,22 +1251,36 @@ impl Report {
     }
 
     fn watch_table(&self, t: &mut String) {
-        let w = &self.watch;
+        let w = &self.watches[0];
         let _ = writeln!(
             t,
             "\nwatch: {} watchers x {} writes, delivery from just before the write is sent",
             w.watchers, w.writes
         );
-        let _ = writeln!(
-            t,
-            "  delivery p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  ({}/{} events); write p50 {:.2} ms",
-            ms(percentile(&w.delivery, 0.5)),
-            ms(percentile(&w.delivery, 0.99)),
-            ms(w.delivery.last().copied().unwrap_or_default()),
-            w.delivery.len(),
-            w.watchers * w.writes,
-            ms(percentile(&w.write, 0.5)),
-        );
+        for w in &self.watches {
+            let _ = writeln!(
+                t,
+                "  {:<15} delivery p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  ({}/{} events); write p50 {:.2} ms",
+                w.label(),
+                ms(percentile(&w.delivery, 0.5)),
+                ms(percentile(&w.delivery, 0.99)),
+                ms(w.delivery.last().copied().unwrap_or_default()),
+                w.delivery.len(),
+                w.watchers * w.writes,
+                ms(percentile(&w.write, 0.5)),
+            );
+            if let Some(b) = &w.background {
+                let _ = writeln!(
+                    t,
+                    "  {:<15} meanwhile {} clients created {} unschedulable pods in {BUSY_NAMESPACE}: {:.0}/s, p99 {:.2} ms",
+                    "",
+                    b.clients,
+                    b.ok(),
+                    b.per_sec(),
+                    ms(percentile(&b.latencies, 0.99)),
+                );
+            }
+        }
     }
 
     fn to_json(&self, config: &Config) -> Value {
@@ -1196,7 +1312,6 @@ impl Report {
                 })
             })
             .collect();
-        let w = &self.watch;
         json!({
             "cpus": cpus(),
             "datastore": if config.datastore_etcd { "etcd" } else { "sled" },
@@ -1207,17 +1322,14 @@ impl Report {
             "creates": creates,
             "apply": self.apply.to_json(),
             "list": {"pods": config.list_pods, "runs": config.list_runs, "formats": lists},
-            "watch": {
-                "watchers": w.watchers,
-                "writes": w.writes,
-                "delivered": w.delivery.len(),
-                "p50_ms": ms(percentile(&w.delivery, 0.5)),
-                "p99_ms": ms(percentile(&w.delivery, 0.99)),
-                "max_ms": ms(w.delivery.last().copied().unwrap_or_default()),
-                "write_p50_ms": ms(percentile(&w.write, 0.5)),
-            },
+            "watch": self.watches[0].to_json(),
+            "watch_scheduler_busy": self.watches[1].to_json(),
             "authorization": self.authz.to_json(config),
-            "idle_rss_kib": self.footprint.idle_rss_kib,
+            "idle_rss_kib": IDLE_READS
+                .iter()
+                .zip(&self.footprint.idle)
+                .map(|(at, r)| json!({"after_ready_s": at.as_secs(), "total": r.total, "anon": r.anon, "file": r.file}))
+                .collect::<Vec<_>>(),
             "binary_bytes": self.footprint.binary_bytes,
         })
     }
