@@ -20,7 +20,7 @@ static MALLOC_CONF: &[u8; 48] = b"background_thread:true,max_background_threads:
 
 /// How long after start-up ends its code pages are handed back: the first rounds of the
 /// controllers and the node's first heartbeat run in the meantime.
-pub const STARTUP_SETTLE: Duration = Duration::from_secs(5);
+const STARTUP_SETTLE: Duration = Duration::from_secs(5);
 
 /// Hands back, `STARTUP_SETTLE` after now, the code pages start-up left resident.
 pub fn release_startup_code_later(shutdown: CancellationToken) {
@@ -29,13 +29,12 @@ pub fn release_startup_code_later(shutdown: CancellationToken) {
             () = tokio::time::sleep(STARTUP_SETTLE) => {}
             () = shutdown.cancelled() => return,
         }
-        match tokio::task::spawn_blocking(release_startup_code).await {
-            Ok(Ok(r)) => tracing::info!(
+        match tokio::task::spawn_blocking(release_startup_code).await.map_err(std::io::Error::other).flatten() {
+            Ok(r) => tracing::info!(
                 "start-up is over: handed back {:.1} MiB of code pages, {:.1} MiB of code stay resident",
                 mib(r.before.saturating_sub(r.after)),
                 mib(r.after)
             ),
-            Ok(Err(e)) => tracing::debug!("start-up code pages stay resident: {e}"),
             Err(e) => tracing::debug!("start-up code pages stay resident: {e}"),
         }
     });
